@@ -1,0 +1,1 @@
+"""HACPO for TRL."""
