@@ -434,3 +434,18 @@ def test_module_is_pure_torch():
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom) for a in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not [u for u in used | imported if "distributed" in u]
+
+
+def test_invalid_rows_are_left_out_and_weights_scale():
+    logps, mask, old, adv, is_peer, omega = _two_row_batch(0.9)
+    # the peer row is invalid (and empty): the loss is the self row alone, -2 / 1
+    empty = torch.tensor([[1, 1], [0, 0]])
+    out = hacpo_loss(
+        logps, empty, torch.tensor([-1.1, float("nan")]), adv, is_peer, omega=omega, valid=torch.tensor([True, False])
+    )
+    assert out.loss.item() == pytest.approx(-2.0, abs=1e-6)
+    out.loss.backward()
+    assert logps.grad[1].abs().sum() == 0
+    # weights multiply each row's objective: -(0.5 * 2 + 2 * 0.405) / 2
+    w = hacpo_loss(logps, mask, old, adv, is_peer, omega=omega, weights=torch.tensor([0.5, 2.0]))
+    assert w.loss.item() == pytest.approx(-(1.0 + 0.81) / 2, abs=1e-6)

@@ -521,7 +521,7 @@ class LossOutput:
     peer_clipped_low: torch.Tensor  # bool per row: peer row with s < lb_m (no gradient)
     peer_clipped_high: torch.Tensor  # bool per row: peer row with s > 1 (no gradient)
     self_clipped: torch.Tensor  # bool per row: self row whose ratio left [1-ε_low, 1+ε_high]
-    kl: torch.Tensor | None  # per-row token-mean KL on self rows, if beta > 0
+    kl: torch.Tensor | None  # token-mean KL of each valid self row, if beta > 0
 
 
 def hacpo_loss(
@@ -535,6 +535,8 @@ def hacpo_loss(
     omega: torch.Tensor | None = None,
     old_lengths: torch.Tensor | None = None,
     ref_logps: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
     config: HACPOLossConfig | None = None,
 ) -> LossOutput:
     """The HACPO loss of one mini-batch of learner k: −mean over rows of the per-row objective -- Eq. (10)/(50).
@@ -548,9 +550,12 @@ def hacpo_loss(
         omega: (B,) ω(j, k) = clamp(P̂_source / P̂_learner) per row (ignored on self rows); default 1.
         old_lengths: (B,) generator token counts; needed for ``ratio_mode="sum"``.
         ref_logps: (B, T) reference log-probs, needed when ``config.beta > 0``.
+        valid: (B,) bool; rows marked False (padding rows, unscorable rows) contribute nothing and are left out of
+            the mean. They may have empty masks. Default: every row counts.
+        weights: (B,) non-negative per-row factor on the objective (e.g. a vLLM importance-sampling correction).
 
-    Aggregation is per sequence then mean over sequences (the official ``seq-mean-token-mean``). The optional KL
-    is the token mean per self row, averaged over self rows, times β. With no peer rows and ``beta=0`` the loss and
+    Aggregation is per sequence then mean over (valid) sequences (the official ``seq-mean-token-mean``). The
+    optional KL is the token mean per self row, averaged over self rows, times β. With no peer rows and ``beta=0`` the loss and
     its gradient equal TRL's ``GRPOTrainer`` with ``importance_sampling_level="sequence"``, ``loss_type="grpo"``
     (before TRL's division by gradient-accumulation steps, which is the caller's to do).
     """
@@ -569,8 +574,22 @@ def hacpo_loss(
     if bool((omega <= 0).any()):
         raise ValueError("`omega` must be > 0 for every row")
 
+    if valid is None:
+        valid = torch.ones(batch, dtype=torch.bool, device=logps.device)
+    _check_vector("valid", valid, batch)
+    valid = valid.to(device=logps.device, dtype=torch.bool)
+    ratio_mask = mask
+    if not bool(valid.all()):
+        # invalid rows may be empty; give them one (ignored) token so the ratio is defined
+        ratio_mask = mask.clone()
+        ratio_mask[~valid, 0] = 1
     log_ratio = sequence_log_ratio(
-        logps, mask, old_mean_logps, old_lengths, mode=config.ratio_mode, max_abs_log_ratio=config.max_abs_log_ratio
+        logps,
+        ratio_mask,
+        old_mean_logps.masked_fill(~valid.to(old_mean_logps.device), 0.0),
+        None if old_lengths is None else old_lengths.masked_fill(~valid.to(old_lengths.device), 1),
+        mode=config.ratio_mode,
+        max_abs_log_ratio=config.max_abs_log_ratio,
     )
     ratio = log_ratio.exp()
     advantages = advantages.to(logps.dtype)
@@ -587,23 +606,29 @@ def hacpo_loss(
         else:
             peer = advantages * coefficient * ratio * ratio.detach().pow(config.alpha)
     objective = torch.where(is_peer, peer, gspo)
-    loss = -objective.mean()
+    if weights is not None:
+        _check_vector("weights", weights, batch)
+        _check_finite("weights", weights)
+        objective = objective * weights.to(objective.dtype)
+    objective = objective.masked_fill(~valid, 0.0)
+    loss = -objective.sum() / valid.sum().clamp(min=1)
 
     kl = None
+    own = ~is_peer & valid
     if config.beta > 0:
         if ref_logps is None or ref_logps.shape != logps.shape:
             raise ValueError("`ref_logps` of the same shape as `logps` is required when `beta` > 0")
-        token_mask = mask.to(logps.dtype)
-        diff = ref_logps - logps
-        per_token_kl = torch.exp(diff) - diff - 1  # k3, "low_var_kl"
-        if config.kl_bias_correction:
-            per_token_kl = per_token_kl * ratio.unsqueeze(-1)
-        kl = (per_token_kl * token_mask).sum(-1) / token_mask.sum(-1)
-        if bool((~is_peer).any()):
-            loss = loss + config.beta * kl[~is_peer].mean()
+        if bool(own.any()):
+            # only on self rows: a peer's completion says nothing about drift from the learner's reference
+            token_mask = mask[own].to(logps.dtype)
+            diff = ref_logps[own].to(logps.dtype) - logps[own]
+            per_token_kl = torch.exp(diff) - diff - 1  # k3, "low_var_kl"
+            if config.kl_bias_correction:
+                per_token_kl = per_token_kl * ratio[own].unsqueeze(-1)
+            kl = (per_token_kl * token_mask).sum(-1) / token_mask.sum(-1).clamp(min=1)
+            loss = loss + config.beta * kl.mean()
 
     r = ratio.detach()
-    own = ~is_peer
     banded = is_peer if (config.peer_clipping and not config.naive) else torch.zeros_like(is_peer)
     clipped_low = banded & (r < lower_bound)
     clipped_high = banded & (r > 1.0)

@@ -1,0 +1,291 @@
+"""`HACPOConfig`: TRL's `GRPOConfig` plus the agents of a run and HACPO's hyperparameters and switches."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from trl import GRPOConfig
+
+from .algorithm import CapabilityTracker, HACPOLossConfig
+from .topology import AgentTopology, init_agent_worlds
+
+__all__ = ["AgentSpec", "HACPOConfig"]
+
+# Settings that must be equal for every agent: peer log-probs are only comparable under the same sampling
+# distribution, and every agent must reach every exchange the same number of times with the same prompts.
+SHARED_SETTINGS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "num_generations",
+    "generation_batch_size",
+    "steps_per_generation",
+    "num_iterations",
+    "max_steps",
+    "num_train_epochs",
+    "seed",
+    "data_seed",
+    "shuffle_dataset",
+    "max_completion_length",
+    "share_rollouts",
+    "peer_filter",
+    "capability_window",
+    "capability_metric",
+)
+
+# Fields an agent may not override: they define the run, not the agent.
+_NOT_PER_AGENT = {"agents", "output_dir", "learning_rate", "hub_model_id", "model_init_kwargs", "chat_template_kwargs"}
+
+
+@dataclass
+class AgentSpec:
+    """One agent of a HACPO run.
+
+    Args:
+        name: unique name; used in logs, metric names and default output folders.
+        model_name_or_path: Hub id or local path of the model (can be left out when the trainer is given a model).
+        tokenizer_name_or_path: tokenizer to use; defaults to the model's.
+        num_processes: ranks of the launch given to this agent (data-parallel inside the agent only).
+        chat_template_kwargs: extra kwargs for this agent's chat template (e.g. ``{"enable_thinking": false}``).
+        learning_rate: this agent's learning rate; defaults to the run's.
+        lora: ``peft.LoraConfig`` keyword arguments for LoRA; ``None`` means full fine-tuning.
+        output_dir: where this agent's checkpoints and final model go; defaults to ``<run output_dir>/<name>``.
+        hub_model_id: Hub repository of this agent (with ``push_to_hub``).
+        model_init_kwargs: kwargs for ``from_pretrained`` of this agent's model (e.g. ``{"dtype": "bfloat16"}``).
+        overrides: any other ``GRPOConfig`` field for this agent only (e.g. ``weight_decay``,
+            ``per_device_train_batch_size``). Sampling and schedule settings must stay equal across agents.
+    """
+
+    name: str
+    model_name_or_path: str | None = None
+    tokenizer_name_or_path: str | None = None
+    num_processes: int = 1
+    chat_template_kwargs: dict | None = None
+    learning_rate: float | None = None
+    lora: dict | None = None
+    output_dir: str | None = None
+    hub_model_id: str | None = None
+    model_init_kwargs: dict | None = None
+    overrides: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or "/" in self.name:
+            raise ValueError(f"agent `name` must be a non-empty string without '/', got {self.name!r}")
+        if not isinstance(self.num_processes, int) or self.num_processes < 1:
+            raise ValueError(
+                f"agent {self.name!r}: `num_processes` must be an integer >= 1, got {self.num_processes!r}"
+            )
+        if self.lora is not None and not isinstance(self.lora, dict):
+            raise ValueError(f"agent {self.name!r}: `lora` must be a mapping of LoraConfig arguments or null")
+
+
+def _as_specs(agents: Any) -> list[AgentSpec]:
+    if isinstance(agents, str):
+        agents = json.loads(agents)
+    if isinstance(agents, dict):
+        items = []
+        for name, spec in agents.items():
+            spec = dataclasses.asdict(spec) if isinstance(spec, AgentSpec) else dict(spec or {})
+            if spec.setdefault("name", name) != name:
+                raise ValueError(f"agent {name!r} has a different `name` inside: {spec['name']!r}")
+            items.append(spec)
+        agents = items
+    if not isinstance(agents, list | tuple) or not agents:
+        raise ValueError("`agents` must be a non-empty list (or mapping name -> settings) of agents")
+    specs = []
+    valid = {f.name for f in dataclasses.fields(AgentSpec)}
+    for item in agents:
+        if isinstance(item, AgentSpec):
+            specs.append(item)
+            continue
+        if not isinstance(item, dict):
+            raise ValueError(f"each agent must be a mapping of settings, got {item!r}")
+        unknown = sorted(set(item) - valid)
+        if unknown:
+            raise ValueError(f"agent {item.get('name')!r}: unknown key(s) {unknown}; valid keys: {sorted(valid)}")
+        specs.append(AgentSpec(**item))
+    names = [s.name for s in specs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"agent name(s) used more than once: {duplicates}")
+    return specs
+
+
+@dataclass
+class HACPOConfig(GRPOConfig):
+    r"""
+    Configuration for [`HACPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the agents and HACPO's settings.
+
+    One config describes the whole run; each process resolves it to *its* agent when the config is created (which is
+    also when the launch is split into one world per agent, see `hacpo_trl.topology`), so create it before anything
+    else that touches accelerate. Defaults follow the paper and the official implementation; the loss replaces
+    `loss_type` (HACPO aggregates per sequence, like `loss_type="grpo"` with `importance_sampling_level="sequence"`).
+
+    Parameters:
+        > Agents
+
+        agents (`list[AgentSpec | dict]` or `dict[str, dict]`, *optional*):
+            The agents trained together, in launch order (global ranks go to agents in this order). `None` means a
+            single agent named `"policy"` on every process, i.e. plain GSPO with HACPO's loss code.
+        agent_name (`str`, set automatically):
+            The agent this process trains. Read-only.
+
+        > Collaboration
+
+        share_rollouts (`bool`, *optional*, defaults to `True`):
+            Share completions between agents. `False` trains every agent independently with GSPO (the paper's GSPO
+            baseline) while keeping the launch and logging identical.
+        peer_filter (`str`, *optional*, defaults to `"all"`):
+            Which peer completions a learner trains on: `"all"` or `"correct"` (reward > 0). Baselines always use the
+            whole joint group.
+        exchange_timeout (`float`, *optional*, defaults to `300`):
+            Seconds a process waits on the other agents in an exchange before failing with an error naming itself.
+
+        > Capability (Eqs. 8-9)
+
+        capability_window (`int`, *optional*, defaults to `5`):
+            K: number of recent steps averaged into each agent's capability P̂.
+        capability_metric (`str`, *optional*, defaults to `"accuracy"`):
+            `"accuracy"` (fraction of completions with reward > 0) or `"mean_reward"` (for non-binary rewards).
+        capability_ratio_min / capability_ratio_max (`float`, *optional*, defaults to `0.1` / `10.0`):
+            Clamp of ω = P̂_a / P̂_b.
+
+        > Advantage (Eqs. 5-7)
+
+        capability_baseline (`bool`, *optional*, defaults to `True`):
+            Scale peer rewards by ω(k, j) in the learner's baseline. `False`: plain joint mean (ablation).
+        zero_uniform_groups (`bool`, *optional*, defaults to `True`):
+            A joint group whose rewards are all equal gets advantage 0.
+        max_reward (`float` or `None`, *optional*, defaults to `1.0`):
+            If a baseline exceeds this, use the learner's own mean instead. `None` disables the guard.
+
+        > Loss (Eqs. 10-14)
+
+        epsilon / epsilon_high (`float`, *optional*, defaults to `3e-4` / `4e-4`):
+            GSPO clip range of self rows (the paper's values; TRL's own defaults are for token-level GRPO).
+        alpha (`float`, *optional*, defaults to `1.0`):
+            Exponent of the stop-gradient reweighting of peer rows. `0` disables it.
+        delta (`float`, *optional*, defaults to `0.2`):
+            Peer ratio band starts at [1 - delta, 1]. (The paper's Table 5 lists the bound 1 - delta as "δ".)
+        delta_step (`float`, *optional*, defaults to `0.025`):
+            The band's lower bound rises by this much per optimizer update on a generation batch. `0`: fixed bound.
+        capability_coefficient (`bool`, *optional*, defaults to `True`):
+            Multiply peer objectives by ω(j, k). `False`: 1 (ablation).
+        peer_clipping (`bool`, *optional*, defaults to `True`):
+            Clamp peer ratios into the band. `False`: no clipping (ablation).
+        naive (`bool`, *optional*, defaults to `False`):
+            The paper's "Naive" baseline: peer rows are treated like self rows (GSPO clip, no ω, no α, no band)
+            and the baseline is the plain joint mean.
+        ratio_mode (`str`, *optional*, defaults to `"mean"`):
+            `"mean"`: per-token mean log-prob on each side's own tokenization (official). `"sum"`: whole-sequence
+            log-likelihoods (not in the paper).
+        max_abs_log_ratio (`float`, *optional*, defaults to `10.0`):
+            Clamp of the log sequence ratio before `exp`.
+    """
+
+    _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["agents"]
+
+    agents: dict | str | None = field(
+        default=None,
+        metadata={"help": "The agents: a list of agent settings or a mapping name -> settings (JSON on the CLI)."},
+    )
+    agent_name: str | None = field(default=None, metadata={"help": "Set automatically: this process's agent."})
+
+    share_rollouts: bool = field(default=True, metadata={"help": "Share completions between agents."})
+    peer_filter: str = field(default="all", metadata={"help": "Peer rows to train on: 'all' or 'correct'."})
+    exchange_timeout: float = field(default=300.0, metadata={"help": "Seconds to wait on other agents."})
+
+    capability_window: int = field(default=5, metadata={"help": "K, steps averaged into capability."})
+    capability_metric: str = field(default="accuracy", metadata={"help": "'accuracy' or 'mean_reward'."})
+    capability_ratio_min: float = field(default=0.1, metadata={"help": "Lower clamp of capability ratios."})
+    capability_ratio_max: float = field(default=10.0, metadata={"help": "Upper clamp of capability ratios."})
+
+    capability_baseline: bool = field(default=True, metadata={"help": "Capability-aware baseline."})
+    zero_uniform_groups: bool = field(default=True, metadata={"help": "Zero advantage for uniform groups."})
+    max_reward: float | None = field(default=1.0, metadata={"help": "Baseline guard; null disables."})
+
+    epsilon: float = field(default=3e-4, metadata={"help": "Lower GSPO clip of self rows."})
+    epsilon_high: float | None = field(default=4e-4, metadata={"help": "Upper GSPO clip of self rows."})
+    importance_sampling_level: str = field(default="sequence", metadata={"help": "HACPO is sequence-level."})
+    loss_type: str = field(default="grpo", metadata={"help": "HACPO aggregates per sequence, like 'grpo'."})
+    alpha: float = field(default=1.0, metadata={"help": "Exponent of peer reweighting; 0 disables."})
+    delta: float = field(default=0.2, metadata={"help": "Peer band starts at [1 - delta, 1]."})
+    delta_step: float = field(default=0.025, metadata={"help": "Band tightening per optimizer update."})
+    capability_coefficient: bool = field(default=True, metadata={"help": "ω(j,k) in the peer loss."})
+    peer_clipping: bool = field(default=True, metadata={"help": "Clamp peer ratios into the band."})
+    naive: bool = field(default=False, metadata={"help": "Naive sharing baseline."})
+    ratio_mode: str = field(default="mean", metadata={"help": "'mean' or 'sum' sequence log-probs."})
+    max_abs_log_ratio: float = field(default=10.0, metadata={"help": "Clamp of log ratios."})
+
+    def __post_init__(self):
+        self._specs = _as_specs(self.agents) if self.agents is not None else None
+        if self.peer_filter not in ("all", "correct"):
+            raise ValueError(f"`peer_filter` must be 'all' or 'correct', got {self.peer_filter!r}")
+        if self.importance_sampling_level != "sequence":
+            raise ValueError("HACPO's ratio is sequence-level: `importance_sampling_level` must be 'sequence'")
+        if self.exchange_timeout <= 0:
+            raise ValueError(f"`exchange_timeout` must be > 0, got {self.exchange_timeout!r}")
+        self.loss_config()  # validates alpha, delta, delta_step, epsilons, ratio_mode, beta
+        CapabilityTracker(["x"], window=self.capability_window, metric=self.capability_metric)  # validates
+
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        specs = self._specs or [AgentSpec(name="policy", num_processes=world)]
+        topology: AgentTopology = init_agent_worlds(
+            [(s.name, s.num_processes) for s in specs], timeout_seconds=self.exchange_timeout
+        )
+        spec = next(s for s in specs if s.name == topology.agent)
+        self.agent_spec = spec
+        self.agent_name = spec.name
+        self._apply_agent(spec, several=len(specs) > 1)
+        super().__post_init__()
+        if self.naive:
+            self.capability_baseline = False
+        self.agents = {s.name: dataclasses.asdict(s) for s in specs} if self._specs else None
+
+    def _apply_agent(self, spec: AgentSpec, several: bool) -> None:
+        if spec.output_dir:
+            self.output_dir = spec.output_dir
+        elif several:
+            self.output_dir = os.path.join(self.output_dir or "hacpo_output", spec.name)
+        for name in ("learning_rate", "hub_model_id", "chat_template_kwargs", "model_init_kwargs"):
+            value = getattr(spec, name)
+            if value is not None:
+                setattr(self, name, value)
+        valid = {f.name for f in dataclasses.fields(self)}
+        for key, value in spec.overrides.items():
+            if key not in valid or key in _NOT_PER_AGENT or key.startswith("_"):
+                hint = "set it on the agent itself" if key in _NOT_PER_AGENT else "not a HACPOConfig field"
+                raise ValueError(f"agent {spec.name!r}: cannot override {key!r} ({hint})")
+            setattr(self, key, value)
+        if several and self.run_name in (None, self.output_dir):
+            self.run_name = spec.name
+
+    @property
+    def specs(self) -> list[AgentSpec]:
+        """Every agent of the run (the implicit single agent when `agents` is not set)."""
+        return self._specs or [self.agent_spec]
+
+    def shared_settings(self) -> dict:
+        return {k: getattr(self, k, None) for k in SHARED_SETTINGS}
+
+    def loss_config(self) -> HACPOLossConfig:
+        return HACPOLossConfig(
+            epsilon_low=self.epsilon,
+            epsilon_high=self.epsilon_high if self.epsilon_high is not None else self.epsilon,
+            delta=self.delta,
+            delta_step=self.delta_step,
+            alpha=self.alpha,
+            capability_coefficient=self.capability_coefficient,
+            peer_clipping=self.peer_clipping,
+            naive=self.naive,
+            ratio_mode=self.ratio_mode,
+            max_abs_log_ratio=self.max_abs_log_ratio,
+            beta=self.beta,
+            kl_bias_correction=self.use_bias_correction_kl,
+        )

@@ -1,0 +1,589 @@
+"""`HACPOTrainer`: TRL's `GRPOTrainer` for one agent of a HACPO run, sharing rollouts with the other agents.
+
+Each agent runs this trainer in its own accelerate world (see :mod:`hacpo_trl.topology`), so everything TRL does
+(generation with HF or vLLM, reward scoring, DDP/ZeRO/FSDP, saving, logging) stays TRL's. Four hooks change:
+
+* ``_generate_and_score_completions``: after TRL generated and scored this agent's completions, record each one's
+  generator log-prob, exchange the records with every other agent, update the capability tracker, re-tokenize the
+  peers' completions into this agent's view, compute capability-aware advantages over each prompt's joint group, and
+  append the peer rows after the self rows;
+* ``_prepare_inputs``: shuffle self and peer rows separately and keep self rows first, so that the stepwise peer
+  bound sees peer rows in the later updates of a generation batch, as in the paper;
+* ``_compute_loss``: the HACPO loss of :func:`hacpo_trl.algorithm.hacpo_loss`;
+* ``_save_checkpoint`` / ``train``: the capability tracker is saved in every checkpoint and restored on resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from trl import GRPOTrainer
+from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
+
+from .algorithm import CapabilityTracker, capability_aware_advantages
+from .config import SHARED_SETTINGS, HACPOConfig
+from .exchange import Exchange, ExchangeError, RolloutBatch
+from .retokenize import completion_text, peer_completion_ids
+from .topology import current_topology
+
+__all__ = ["HACPOTrainer", "PROMPT_ID_COLUMN"]
+
+PROMPT_ID_COLUMN = "hacpo_prompt_id"
+STATE_FILE = "hacpo_state.json"
+_UNSUPPORTED_KEYS = ("pixel_values", "image_grid_thw", "tool_mask", "num_images")
+
+
+def _prompt_id(example: dict, index: int) -> dict:
+    digest = hashlib.sha1(json.dumps(example["prompt"], sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return {PROMPT_ID_COLUMN: f"{index}:{digest}"}
+
+
+def with_prompt_ids(dataset):
+    """Add a prompt id (row index + content hash) so agents can prove they train on the same prompts."""
+    if dataset is None or PROMPT_ID_COLUMN in (dataset.column_names or []):
+        return dataset
+    return dataset.map(_prompt_id, with_indices=True)
+
+
+def _pad_rows(rows: list[torch.Tensor], value: float, side: str, width: int | None = None) -> torch.Tensor:
+    width = max([width or 0] + [r.shape[0] for r in rows])
+    out = torch.full((len(rows), width), value, dtype=rows[0].dtype)
+    for i, r in enumerate(rows):
+        if side == "left":
+            out[i, width - r.shape[0] :] = r
+        else:
+            out[i, : r.shape[0]] = r
+    return out
+
+
+class HACPOTrainer(GRPOTrainer):
+    """Train one agent of a HACPO run; every process of the launch builds one, for its own agent.
+
+    Args:
+        model: the agent's model (path or instance); default: ``args.agent_spec.model_name_or_path``.
+        reward_funcs: as for `GRPOTrainer`; every agent should use the same ones (peers share rewards).
+        args: a [`HACPOConfig`], created before anything else touches accelerate.
+        train_dataset: the same dataset for every agent (prompts are matched by id each step).
+        processing_class: the agent's tokenizer; default: loaded from the agent's tokenizer or model path.
+        peft_config: LoRA for this agent; default: built from ``args.agent_spec.lora`` when set.
+        **kwargs: passed to `GRPOTrainer`.
+    """
+
+    _tag_names = ["trl", "hacpo"]
+    _name = "HACPO"
+    _paper = {
+        "title": "Heterogeneous Agent Collaborative Reinforcement Learning",
+        "id": "2603.02604",
+        "citation": "@article{zhang2026hacrl, title={Heterogeneous Agent Collaborative Reinforcement Learning}, "
+        "author={Zhang, Zhixia and Huang and others}, journal={arXiv preprint arXiv:2603.02604}, year={2026}}",
+    }
+
+    def __init__(
+        self,
+        model=None,
+        reward_funcs=None,
+        args: HACPOConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        peft_config=None,
+        **kwargs,
+    ):
+        if not isinstance(args, HACPOConfig):
+            raise TypeError("HACPOTrainer needs `args=HACPOConfig(...)` (created before anything touches accelerate)")
+        spec = args.agent_spec
+        for name in ("tools", "environment_factory", "rollout_func"):
+            if kwargs.get(name) is not None:
+                raise ValueError(f"HACPOTrainer does not support `{name}` yet")
+        if model is None:
+            if not spec.model_name_or_path:
+                raise ValueError(f"agent {spec.name!r} has no `model_name_or_path` and no model was passed")
+            model = spec.model_name_or_path
+        if processing_class is None:
+            source = spec.tokenizer_name_or_path or (model if isinstance(model, str) else None)
+            if source is None:
+                source = getattr(getattr(model, "config", None), "_name_or_path", None)
+            if not source:
+                raise ValueError(f"agent {spec.name!r}: pass `processing_class` or set `tokenizer_name_or_path`")
+            processing_class = AutoTokenizer.from_pretrained(source, padding_side="left")
+        if peft_config is None and spec.lora is not None:
+            from peft import LoraConfig
+
+            peft_config = LoraConfig(**{"task_type": "CAUSAL_LM", **spec.lora})
+        if args.top_entropy_quantile < 1.0 or args.off_policy_mask_threshold is not None:
+            raise ValueError("HACPO's loss does not support `top_entropy_quantile` < 1 or `off_policy_mask_threshold`")
+
+        super().__init__(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=with_prompt_ids(train_dataset),
+            eval_dataset=with_prompt_ids(eval_dataset),
+            processing_class=processing_class,
+            peft_config=peft_config,
+            **kwargs,
+        )
+        self.topology = current_topology()
+        self.exchange = Exchange(self.topology)
+        self.agent = spec.name
+        self.agent_names = [s.name for s in args.specs]
+        self.capability = CapabilityTracker(
+            self.agent_names, window=args.capability_window, metric=args.capability_metric
+        )
+        self.hacpo_loss_config = args.loss_config()
+        self._captured: dict[str, Any] = {}
+        # TRL skips old log-probs when a generation batch is used for exactly one update: the self ratio is then 1
+        # in value. HACPO keeps that for self rows (so one agent equals TRL's GSPO) and needs old log-probs anyway
+        # for the records it shares.
+        self._self_on_policy = args.gradient_accumulation_steps % (
+            args.steps_per_generation * self.num_iterations
+        ) == 0 and not (self.use_vllm and self.vllm_importance_sampling_correction)
+        local_generation = args.per_device_train_batch_size * args.steps_per_generation
+        if len(self.agent_names) > 1 and args.share_rollouts and local_generation % args.num_generations:
+            raise ValueError(
+                f"agent {self.agent!r}: per_device_train_batch_size x steps_per_generation = {local_generation} must be "
+                f"a multiple of num_generations = {args.num_generations}, so that each process holds whole prompt "
+                "groups to match with its peers' completions"
+            )
+        self._check_agents_agree()
+
+    # ------------------------------------------------------------------------------------------ start-up checks
+
+    def _check_agents_agree(self) -> None:
+        """Every agent must sample and schedule identically; otherwise peer log-probs and exchanges do not match."""
+        mine = self.args.shared_settings()
+        everyone = self.exchange.all_gather((self.agent, self.topology.global_rank, mine), what="start-up settings")
+        for agent, rank, theirs in everyone:
+            for key in SHARED_SETTINGS:
+                if theirs.get(key) != mine.get(key):
+                    raise ValueError(
+                        f"`{key}` must be equal for every agent, but agent {self.agent!r} has {mine.get(key)!r} and "
+                        f"agent {agent!r} (global rank {rank}) has {theirs.get(key)!r}. Set it once for the run, not "
+                        "per agent (for batch sizes: per_device_train_batch_size x num_processes x "
+                        "steps_per_generation must give the same generation batch)."
+                    )
+
+    # ---------------------------------------------------------------------------------------- capture from TRL
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._captured = {"completions": completions, "rewards_per_func": rewards_per_func}
+        return rewards_per_func
+
+    def _own_rewards(self, local_count: int) -> torch.Tensor:
+        """This process's rewards, weighted and summed over reward functions like TRL (NaN = unscorable)."""
+        per_func = self._captured["rewards_per_func"]
+        weights = self.reward_weights.to(per_func.device).unsqueeze(0)
+        rewards = (per_func * weights).nansum(dim=1)
+        rewards[torch.isnan(per_func).all(dim=1)] = float("nan")
+        start = self.accelerator.process_index * local_count
+        return rewards[start : start + local_count].cpu()
+
+    @torch.no_grad()
+    def _own_old_logps(self, batch: dict) -> torch.Tensor:
+        if "old_per_token_logps" in batch:
+            return batch["old_per_token_logps"]
+        prompt_completion = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        logps, _, _ = self._get_per_token_logps_and_entropies(
+            self.model,
+            prompt_completion,
+            attention,
+            batch["completion_ids"].size(1),
+            batch_size=self.args.per_device_train_batch_size,
+        )
+        return logps
+
+    # ---------------------------------------------------------------------------------------------- the step
+
+    def _generate_and_score_completions(self, inputs):
+        batch = super()._generate_and_score_completions(inputs)
+        for key in _UNSUPPORTED_KEYS:
+            if key in batch:
+                raise ValueError(f"HACPOTrainer does not support `{key}` (multimodal or tool-calling) inputs yet")
+        batch.pop("sampling_per_token_logps", None)
+        mode = "train" if self.model.training else "eval"
+        n_self = len(inputs)
+        device = batch["completion_ids"].device
+        mask = batch["completion_mask"]
+        lengths = mask.sum(-1)
+        old_logps = self._own_old_logps(batch)
+        batch.pop("old_per_token_logps", None)
+        old_mean = ((old_logps * mask).sum(-1) / lengths.clamp(min=1)).float()
+        rewards = self._own_rewards(n_self)
+        eos_ids = set(self.eos_token_ids)
+        last = batch["completion_ids"].gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+        terminated = [bool(n > 0 and int(t) in eos_ids) for n, t in zip(lengths.tolist(), last.tolist(), strict=True)]
+        own_valid = (lengths > 0) & torch.isfinite(rewards).to(device) & torch.isfinite(old_mean)
+
+        batch["hacpo_is_peer"] = torch.zeros(n_self, dtype=torch.bool, device=device)
+        batch["hacpo_old_mean_logp"] = old_mean.to(device)
+        batch["hacpo_old_len"] = lengths.to(device)
+        batch["hacpo_omega"] = torch.ones(n_self, device=device)
+        batch["hacpo_valid"] = own_valid
+        if mode == "eval" or len(self.agent_names) == 1 or not self.args.share_rollouts:
+            batch["advantages"] = torch.nan_to_num(batch["advantages"], nan=0.0)
+            if len(self.agent_names) > 1 and mode == "train":
+                self._exchange_capabilities(rewards)
+            return batch
+
+        texts = [completion_text(c) for c in self._captured["completions"]]
+        prompt_ids = [x[PROMPT_ID_COLUMN] for x in inputs]
+        record = RolloutBatch(
+            agent=self.agent,
+            global_rank=self.topology.global_rank,
+            step=self.state.global_step,
+            prompt_ids=prompt_ids,
+            texts=texts,
+            rewards=rewards.tolist(),
+            old_mean_logps=old_mean.cpu().tolist(),
+            num_tokens=lengths.cpu().tolist(),
+            terminated=terminated,
+        )
+        start = time.perf_counter()
+        records = self.exchange.all_gather(record, what=f"rollouts of step {self.state.global_step}")
+        exchange_time = time.perf_counter() - start
+        self._check_same_prompts(records)
+        by_agent = self._update_capability(records, mode)
+
+        return self._add_peer_rows(batch, records, prompt_ids, rewards, by_agent, exchange_time, mode)
+
+    def _exchange_capabilities(self, rewards: torch.Tensor) -> None:
+        """Without sharing, agents still exchange rewards so every log shows every agent's capability."""
+        record = RolloutBatch(self.agent, self.topology.global_rank, self.state.global_step)
+        record.rewards = rewards.tolist()
+        record.prompt_ids = [""] * len(record.rewards)
+        records = self.exchange.all_gather(record, what=f"rewards of step {self.state.global_step}")
+        self._update_capability(records, "train")
+
+    def _check_same_prompts(self, records: list[RolloutBatch]) -> None:
+        per_agent: dict[str, list[str]] = defaultdict(list)
+        steps = {r.step for r in records}
+        if len(steps) > 1:
+            raise ExchangeError(f"agents are at different steps {sorted(steps)}: every agent must train in lockstep")
+        for r in records:
+            per_agent[r.agent].extend(r.prompt_ids)
+        reference = sorted(per_agent[self.agent])
+        for agent, ids in per_agent.items():
+            if sorted(ids) != reference:
+                missing = sorted(set(reference) - set(ids))[:3]
+                extra = sorted(set(ids) - set(reference))[:3]
+                raise ExchangeError(
+                    f"step {self.state.global_step}: agent {agent!r} received different prompts than agent "
+                    f"{self.agent!r} (missing {missing}, unexpected {extra}). Every agent needs the same dataset, "
+                    "seed and generation batch size."
+                )
+
+    def _update_capability(self, records: list[RolloutBatch], mode: str) -> dict[str, list[RolloutBatch]]:
+        by_agent: dict[str, list[RolloutBatch]] = defaultdict(list)
+        for r in records:
+            by_agent[r.agent].append(r)
+        step_rewards = {}
+        for agent in self.agent_names:
+            values = [x for r in by_agent[agent] for x in r.rewards if math.isfinite(x)]
+            step_rewards[agent] = values or [0.0]
+        self.capability.update(step_rewards)
+        caps = self.capability.capabilities()
+        for agent in self.agent_names:
+            self._metrics[mode][f"hacpo/capability/{agent}"].append(caps[agent])
+            self._metrics[mode][f"hacpo/reward/{agent}"].append(sum(step_rewards[agent]) / len(step_rewards[agent]))
+            if agent != self.agent:
+                self._metrics[mode][f"hacpo/omega/{agent}"].append(self._omega(agent, self.agent))
+        return by_agent
+
+    def _omega(self, numerator: str, denominator: str) -> float:
+        return self.capability.omega(
+            numerator, denominator, self.args.capability_ratio_min, self.args.capability_ratio_max
+        )
+
+    def _add_peer_rows(self, batch, records, prompt_ids, rewards, by_agent, exchange_time, mode):
+        args = self.args
+        device = batch["completion_ids"].device
+        n_self = len(prompt_ids)
+        caps = self.capability.capabilities()
+
+        # this process's prompt groups and the learner's own prompt tokens for each
+        self_rows: dict[str, list[int]] = defaultdict(list)
+        for i, pid in enumerate(prompt_ids):
+            self_rows[pid].append(i)
+        prompt_tokens = {
+            pid: batch["prompt_ids"][rows[0]][batch["prompt_mask"][rows[0]].bool()].cpu()
+            for pid, rows in self_rows.items()
+        }
+
+        # candidate peer rows for those prompts
+        peers = []  # (pid, source, text, reward, old_mean, old_len, terminated)
+        rejected = 0
+        for agent in self.agent_names:
+            if agent == self.agent:
+                continue
+            for r in by_agent[agent]:
+                for j, pid in enumerate(r.prompt_ids):
+                    if pid not in self_rows:
+                        continue
+                    if not (math.isfinite(r.rewards[j]) and math.isfinite(r.old_mean_logps[j])):
+                        rejected += 1
+                        continue
+                    peers.append(
+                        (pid, agent, r.texts[j], r.rewards[j], r.old_mean_logps[j], r.num_tokens[j], r.terminated[j])
+                    )
+
+        # capability-aware advantages over each joint group (all finite rewards, self and peer)
+        joint_rewards, joint_sources, joint_groups = [], [], []
+        self_index = []
+        for i, pid in enumerate(prompt_ids):
+            if math.isfinite(float(rewards[i])):
+                self_index.append(i)
+                joint_rewards.append(float(rewards[i]))
+                joint_sources.append(self.agent)
+                joint_groups.append(pid)
+        for pid, source, _, reward, *_ in peers:
+            joint_rewards.append(reward)
+            joint_sources.append(source)
+            joint_groups.append(pid)
+        advantages = capability_aware_advantages(
+            joint_rewards,
+            joint_sources,
+            joint_groups,
+            self.agent,
+            caps,
+            capability_weighting=args.capability_baseline,
+            zero_uniform_groups=args.zero_uniform_groups,
+            max_reward=args.max_reward,
+            min_ratio=args.capability_ratio_min,
+            max_ratio=args.capability_ratio_max,
+        ).float()
+        self_adv = torch.zeros(n_self)
+        self_adv[self_index] = advantages[: len(self_index)]
+        peer_adv = advantages[len(self_index) :]
+
+        # re-tokenize the peer rows we train on
+        eos = self._tokenizer.eos_token_id
+        kept, truncated, filtered = [], 0, 0
+        for (pid, source, text, reward, old_mean, old_len, term), adv in zip(peers, peer_adv.tolist(), strict=True):
+            if args.peer_filter == "correct" and not reward > 0:
+                filtered += 1
+                continue
+            view = peer_completion_ids(self._tokenizer, text, term, args.max_completion_length, eos)
+            if view is None:
+                rejected += 1
+                continue
+            truncated += view.truncated
+            valid = not (view.truncated and args.mask_truncated_completions)
+            kept.append((pid, source, view.ids, adv, old_mean, old_len, valid))
+
+        n_peer = len(kept)
+        n_pad = (-(n_self + n_peer)) % args.steps_per_generation
+        width_p = batch["prompt_ids"].shape[1]
+        pad_id = self._tokenizer.pad_token_id
+        peer_prompt = [prompt_tokens[k[0]] for k in kept] + [prompt_tokens[prompt_ids[0]]] * n_pad
+        peer_completion = [torch.tensor(k[2]) for k in kept] + [torch.tensor([pad_id])] * n_pad
+        rows = n_peer + n_pad
+        if rows:
+            p_ids = _pad_rows(peer_prompt, pad_id, "left", width_p)
+            p_mask = _pad_rows([torch.ones_like(t) for t in peer_prompt], 0, "left", width_p)
+            c_ids = _pad_rows(peer_completion, pad_id, "right")
+            c_mask = _pad_rows([torch.ones_like(t) for t in peer_completion], 0, "right")
+            width_c = max(c_ids.shape[1], batch["completion_ids"].shape[1])
+
+            def widen(t: torch.Tensor, value) -> torch.Tensor:
+                if t.shape[1] == width_c:
+                    return t
+                extra = torch.full((t.shape[0], width_c - t.shape[1]), value, dtype=t.dtype, device=t.device)
+                return torch.cat([t, extra], dim=1)
+
+            batch["prompt_ids"] = torch.cat([batch["prompt_ids"], p_ids.to(device)])
+            batch["prompt_mask"] = torch.cat([batch["prompt_mask"], p_mask.to(device)])
+            batch["completion_ids"] = torch.cat(
+                [widen(batch["completion_ids"], pad_id), widen(c_ids, pad_id).to(device)]
+            )
+            batch["completion_mask"] = torch.cat([widen(batch["completion_mask"], 0), widen(c_mask, 0).to(device)])
+            if "ref_per_token_logps" in batch:
+                ref = widen(batch["ref_per_token_logps"], 0.0)
+                batch["ref_per_token_logps"] = torch.cat(
+                    [ref, torch.zeros(rows, width_c, dtype=ref.dtype, device=device)]
+                )
+            if "importance_sampling_ratio" in batch:
+                ratio = batch["importance_sampling_ratio"]
+                if ratio.dim() == 2 and ratio.shape[1] > 1:
+                    ratio = widen(ratio, 1.0)
+                filler = torch.ones(rows, *ratio.shape[1:], dtype=ratio.dtype, device=device)
+                batch["importance_sampling_ratio"] = torch.cat([ratio, filler])
+
+        def column(values, dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        batch["advantages"] = torch.cat(
+            [self_adv.to(device), column([k[3] for k in kept] + [0.0] * n_pad, torch.float32)]
+        )
+        batch["hacpo_is_peer"] = torch.cat([batch["hacpo_is_peer"], column([True] * rows, torch.bool)])
+        batch["hacpo_old_mean_logp"] = torch.cat(
+            [batch["hacpo_old_mean_logp"], column([k[4] for k in kept] + [0.0] * n_pad, torch.float32)]
+        )
+        batch["hacpo_old_len"] = torch.cat(
+            [batch["hacpo_old_len"], column([k[5] for k in kept] + [1] * n_pad, torch.long)]
+        )
+        batch["hacpo_omega"] = torch.cat(
+            [batch["hacpo_omega"], column([self._omega(k[1], self.agent) for k in kept] + [1.0] * n_pad, torch.float32)]
+        )
+        batch["hacpo_valid"] = torch.cat(
+            [batch["hacpo_valid"], column([k[6] for k in kept] + [False] * n_pad, torch.bool)]
+        )
+        batch["hacpo_num_self"] = n_self  # read by _prepare_inputs, then dropped
+
+        stats = torch.tensor([n_peer, rejected, truncated, filtered], dtype=torch.float32, device=device)
+        n_peer, rejected, truncated, filtered = self.accelerator.gather(stats).view(-1, 4).sum(0).tolist()
+        self._metrics[mode]["hacpo/peer_rows"].append(n_peer)
+        self._metrics[mode]["hacpo/peer_rows_rejected"].append(rejected)
+        self._metrics[mode]["hacpo/peer_rows_truncated"].append(truncated)
+        self._metrics[mode]["hacpo/peer_rows_filtered"].append(filtered)
+        self._metrics[mode]["hacpo/exchange_time"].append(exchange_time)
+        return batch
+
+    def _prepare_inputs(self, generation_batch):
+        """TRL's buffering, but self rows shuffled among themselves and kept before the shuffled peer rows."""
+        if not self.model.training:
+            batch = self._generate_and_score_completions(generation_batch)
+            batch.pop("hacpo_num_self", None)
+            return batch
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self._step % generate_every == 0 or self._buffered_inputs is None:
+            batch = self._generate_and_score_completions(generation_batch)
+            n_self = batch.pop("hacpo_num_self", None)
+            if n_self is None:
+                batch = shuffle_sequence_dict(batch)  # exactly TRL's order when there are no peer rows
+            else:
+                size = batch["prompt_ids"].shape[0]
+                order = torch.cat([torch.randperm(n_self), n_self + torch.randperm(size - n_self)])
+                batch = {k: (v[order] if isinstance(v, torch.Tensor) and v.ndim >= 1 else v) for k, v in batch.items()}
+            self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    # ------------------------------------------------------------------------------------------------- loss
+
+    def _compute_loss(self, model, inputs):
+        from .algorithm import hacpo_loss
+
+        mode = "train" if self.model.training else "eval"
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, mask = inputs["completion_ids"], inputs["completion_mask"]
+        logps, _, _ = self._get_per_token_logps_and_entropies(
+            model,
+            torch.cat([prompt_ids, completion_ids], dim=1),
+            torch.cat([prompt_mask, mask], dim=1),
+            completion_ids.size(1),
+        )
+        is_peer = inputs["hacpo_is_peer"]
+        valid = inputs["hacpo_valid"]
+        old_mean = inputs["hacpo_old_mean_logp"].to(logps.dtype)
+        if self._self_on_policy or mode == "eval":
+            with torch.no_grad():
+                current = (logps * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+            old_mean = torch.where(is_peer, old_mean, current.detach())
+        weights = None
+        if "importance_sampling_ratio" in inputs:
+            ratio = inputs["importance_sampling_ratio"]
+            if ratio.dim() == 2 and ratio.shape[1] > 1:
+                ratio = (ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+            weights = torch.where(is_peer, torch.ones_like(ratio.reshape(-1)), ratio.reshape(-1))
+        if mode == "train":
+            update_index = (self._step % (self.args.steps_per_generation * self.num_iterations)) // max(
+                self.current_gradient_accumulation_steps, 1
+            )
+        else:
+            update_index = 0
+        out = hacpo_loss(
+            logps,
+            mask,
+            old_mean,
+            inputs["advantages"],
+            is_peer,
+            update_index=update_index,
+            omega=inputs["hacpo_omega"],
+            old_lengths=inputs["hacpo_old_len"],
+            ref_logps=inputs.get("ref_per_token_logps"),
+            valid=valid,
+            weights=weights,
+            config=self.hacpo_loss_config,
+        )
+        self._log_loss_metrics(out, is_peer & valid, ~is_peer & valid, mode)
+        loss = out.loss
+        if mode == "train":
+            loss = loss / self.current_gradient_accumulation_steps
+        return loss
+
+    def _log_loss_metrics(self, out, peer, own, mode) -> None:
+        r = out.ratio
+        stats = torch.stack(
+            [
+                (r * own).sum(),
+                own.sum(),
+                (r * peer).sum(),
+                peer.sum(),
+                (out.peer_clipped_low & peer).sum(),
+                (out.peer_clipped_high & peer).sum(),
+                (out.self_clipped & own).sum(),
+            ]
+        ).float()
+        s_own, n_own, s_peer, n_peer, low, high, self_clip = self.accelerator.gather(stats).view(-1, 7).sum(0).tolist()
+        metrics = self._metrics[mode]
+        metrics["hacpo/lower_bound"].append(out.lower_bound)
+        if n_own:
+            metrics["hacpo/self_ratio_mean"].append(s_own / n_own)
+            metrics["clip_ratio/region_mean"].append(self_clip / n_own)
+        if n_peer:
+            metrics["hacpo/peer_ratio_mean"].append(s_peer / n_peer)
+            metrics["hacpo/peer_clipped_low"].append(low / n_peer)
+            metrics["hacpo/peer_clipped_high"].append(high / n_peer)
+            metrics["hacpo/peer_kept"].append(1 - (low + high) / n_peer)
+        if out.kl is not None:
+            metrics["kl"].append(float(out.kl.mean()))
+
+    # -------------------------------------------------------------------------------------- saving and resume
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            folder = os.path.join(
+                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            state = {
+                "agent": self.agent,
+                "global_step": self.state.global_step,
+                "capability": self.capability.state_dict(),
+            }
+            tmp = os.path.join(folder, STATE_FILE + ".tmp")
+            with open(tmp, "w") as f:
+                json.dump(state, f, indent=2)
+            os.replace(tmp, os.path.join(folder, STATE_FILE))
+
+    def train(self, resume_from_checkpoint=None, **kwargs):
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True or (isinstance(checkpoint, str) and checkpoint == "last"):
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+            if checkpoint is None:
+                raise ValueError(f"agent {self.agent!r}: no checkpoint found in {self.args.output_dir} to resume from")
+        step = 0
+        if checkpoint:
+            path = os.path.join(checkpoint, STATE_FILE)
+            if not os.path.isfile(path):
+                raise ValueError(
+                    f"agent {self.agent!r}: {checkpoint} has no {STATE_FILE}; it is not a HACPO checkpoint"
+                )
+            with open(path) as f:
+                state = json.load(f)
+            self.capability.load_state_dict(state["capability"])
+            step = state["global_step"]
+        starts = self.exchange.all_gather((self.agent, step), what="resume steps")
+        if len({s for _, s in starts}) > 1:
+            raise ValueError(f"agents would resume from different steps: {sorted(set(starts))}; resume them together")
+        return super().train(resume_from_checkpoint=checkpoint or None, **kwargs)

@@ -1,0 +1,101 @@
+"""A real HACPO run of tiny offline agents, launched by the tests with `accelerate launch`.
+
+Each process writes `<out>/summary-<global rank>.json` with what the tests assert on.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+from datasets import Dataset
+
+from hacpo_trl import AgentSpec, HACPOConfig, HACPOTrainer
+from hacpo_trl.tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--agents", default="llama:1,qwen:1", help="kind:num_processes[:lora], in launch order")
+parser.add_argument("--out", required=True)
+parser.add_argument("--steps", type=int, default=3)
+parser.add_argument("--no_share", action="store_true")
+parser.add_argument("--save_steps", type=int, default=0)
+parser.add_argument("--resume", action="store_true")
+parser.add_argument("--generation_batch", type=int, default=8)
+parser.add_argument("--steps_per_generation", type=int, default=2)
+parser.add_argument("--delta", type=float, default=0.2)
+opts = parser.parse_args()
+
+specs, builders = [], {}
+for i, item in enumerate(opts.agents.split(",")):
+    kind, procs, *flags = item.split(":")
+    name = f"{kind}{i}"
+    lora = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]} if "lora" in flags else None
+    specs.append(
+        AgentSpec(
+            name=name,
+            num_processes=int(procs),
+            lora=lora,
+            learning_rate=0.05 if lora is None else 0.2,
+            overrides={"per_device_train_batch_size": opts.generation_batch // opts.steps_per_generation // int(procs)},
+        )
+    )
+    builders[name] = kind
+
+args = HACPOConfig(
+    output_dir=opts.out,
+    agents=specs,
+    use_cpu=True,
+    bf16=False,
+    num_generations=2,
+    steps_per_generation=opts.steps_per_generation,
+    max_completion_length=8,
+    max_steps=opts.steps,
+    logging_steps=1,
+    report_to="none",
+    gradient_checkpointing=False,
+    save_strategy="steps" if opts.save_steps else "no",
+    save_steps=opts.save_steps or 500,
+    share_rollouts=not opts.no_share,
+    seed=0,
+    exchange_timeout=120,
+    delta=opts.delta,
+    lr_scheduler_type="constant",
+)
+
+kind = builders[args.agent_name]
+tok = char_tokenizer() if kind == "llama" else bpe_tokenizer()
+model = tiny_llama(tok, seed=1) if kind == "llama" else tiny_qwen2(tok, seed=2)
+
+prompts = [[{"role": "user", "content": f"{a}+{b}="}] for a in range(4) for b in range(4)]
+dataset = Dataset.from_dict({"prompt": prompts, "answer": [str(a + b) for a in range(4) for b in range(4)]})
+
+
+def has_digit(completions, **kwargs):
+    return [1.0 if any(ch.isdigit() for ch in c[0]["content"]) else 0.0 for c in completions]
+
+
+trainer = HACPOTrainer(model=model, reward_funcs=has_digit, args=args, train_dataset=dataset, processing_class=tok)
+before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+trainer.train(resume_from_checkpoint=True if opts.resume else None)
+after = dict(trainer.model.named_parameters())
+trainable = [n for n, p in after.items() if p.requires_grad]
+frozen = [n for n, p in after.items() if not p.requires_grad]
+trainer.save_model()
+
+summary = {
+    "agent": args.agent_name,
+    "agent_world": trainer.accelerator.num_processes,
+    "agent_rank": trainer.accelerator.process_index,
+    "global_rank": trainer.topology.global_rank,
+    "output_dir": args.output_dir,
+    "trainable_changed": [n for n in trainable if not before[n].equal(after[n].detach())],
+    "trainable": trainable,
+    "frozen_changed": [n for n in frozen if not before[n].equal(after[n].detach())],
+    "log_history": trainer.state.log_history,
+    "capability": trainer.capability.state_dict(),
+    "global_step": trainer.state.global_step,
+    "param_sum": float(sum(p.detach().double().sum() for p in trainer.model.parameters())),
+}
+with open(os.path.join(opts.out, f"summary-{trainer.topology.global_rank}.json"), "w") as f:
+    json.dump(summary, f, default=str)
+print(f"done {args.agent_name}", file=sys.stderr)
