@@ -6,3 +6,45 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import json  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accelerate_launch(num_processes: int, script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`accelerate launch --multi_gpu` on CPU (a gloo world), bounded in time so a hang fails the test."""
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--multi_gpu", "--num_processes", str(num_processes), "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+        str(SCRIPTS / script), *args,
+    ]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def summaries(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob("summary-*.json"), key=lambda p: int(p.stem[8:]))]
+
+
+@pytest.fixture
+def launch():
+    def run(num_processes: int, script: str, *args: str, timeout: float = 300, expect_ok: bool = True):
+        proc = accelerate_launch(num_processes, script, *args, timeout=timeout)
+        if expect_ok and proc.returncode != 0:
+            pytest.fail(f"launch failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
+        return proc
+
+    return run

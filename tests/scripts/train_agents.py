@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+import torch
 from datasets import Dataset
 
 from hacpo_trl import AgentSpec, HACPOConfig, HACPOTrainer
@@ -62,9 +63,15 @@ args = HACPOConfig(
     lr_scheduler_type="constant",
 )
 
+# Each agent starts from a saved base model, as a real run would (LoRA adapters then record their base).
 kind = builders[args.agent_name]
-tok = char_tokenizer() if kind == "llama" else bpe_tokenizer()
-model = tiny_llama(tok, seed=1) if kind == "llama" else tiny_qwen2(tok, seed=2)
+base = os.path.join(opts.out, "bases", args.agent_name)
+if int(os.environ["RANK"]) == 0 and not os.path.isdir(base):  # the agent's own rank 0
+    tok = char_tokenizer() if kind == "llama" else bpe_tokenizer()
+    (tiny_llama(tok, seed=1) if kind == "llama" else tiny_qwen2(tok, seed=2)).save_pretrained(base)
+    tok.save_pretrained(base)
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()  # the agent's world only
 
 prompts = [[{"role": "user", "content": f"{a}+{b}="}] for a in range(4) for b in range(4)]
 dataset = Dataset.from_dict({"prompt": prompts, "answer": [str(a + b) for a in range(4) for b in range(4)]})
@@ -74,7 +81,7 @@ def has_digit(completions, **kwargs):
     return [1.0 if any(ch.isdigit() for ch in c[0]["content"]) else 0.0 for c in completions]
 
 
-trainer = HACPOTrainer(model=model, reward_funcs=has_digit, args=args, train_dataset=dataset, processing_class=tok)
+trainer = HACPOTrainer(model=base, reward_funcs=has_digit, args=args, train_dataset=dataset)
 before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 trainer.train(resume_from_checkpoint=True if opts.resume else None)
 after = dict(trainer.model.named_parameters())

@@ -1,0 +1,132 @@
+"""Real multi-process HACPO runs through `accelerate launch` on CPU (gloo), with heterogeneous tiny agents.
+
+The agents differ in architecture (Llama / Qwen2), tokenizer (characters / byte-level BPE) and chat template.
+"""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from conftest import summaries
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def _metric(summary: dict, key: str) -> list:
+    return [entry[key] for entry in summary["log_history"] if key in entry]
+
+
+def _by_agent(runs: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for s in runs:
+        out.setdefault(s["agent"], []).append(s)
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_agents(tmp_path_factory):
+    """llama (char tokenizer) + qwen (byte BPE), one process each, 4 steps, checkpoints every 2."""
+    from conftest import accelerate_launch
+
+    out = tmp_path_factory.mktemp("two_agents")
+    proc = accelerate_launch(
+        2, "train_agents.py", "--out", str(out), "--steps", "4", "--save_steps", "2", "--delta", "0.99"
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return out, summaries(out)
+
+
+def test_two_heterogeneous_agents_train_and_share(two_agents):
+    out, runs = two_agents
+    assert [s["agent"] for s in runs] == ["llama0", "qwen1"]
+    for s in runs:
+        assert s["agent_world"] == 1  # each agent sees only its own world
+        assert s["trainable"] and s["trainable_changed"] == s["trainable"], s["agent"]
+        peer_rows = _metric(s, "hacpo/peer_rows")
+        assert peer_rows and all(n == 8 for n in peer_rows)  # 4 prompts x 2 completions of the other agent
+        kept = _metric(s, "hacpo/peer_kept")
+        assert kept, "peer rows reached the loss"
+    # peer rows took part in training: with the wide band, some were inside it for at least one agent
+    assert any(k > 0 for s in runs for k in _metric(s, "hacpo/peer_kept"))
+    # capabilities were exchanged: both agents log the same P̂ of both agents at every step
+    llama, qwen = runs
+    for agent in ("llama0", "qwen1"):
+        key = f"hacpo/capability/{agent}"
+        # one capability update per generation batch: 4 optimizer steps, 2 updates each -> 2 entries
+        assert _metric(llama, key) == _metric(qwen, key) and len(_metric(llama, key)) == 2
+    assert llama["capability"] == qwen["capability"]
+    # ω in each agent's log is the reciprocal view of the other's (inside the clamp)
+    w_lq, w_ql = _metric(llama, "hacpo/omega/qwen1"), _metric(qwen, "hacpo/omega/llama0")
+    for a, b in zip(w_lq, w_ql, strict=True):
+        if 0.1 < a < 10:
+            assert a * b == pytest.approx(1.0, rel=1e-6)
+
+
+def test_each_agent_saves_a_standalone_model(two_agents):
+    out, runs = two_agents
+    for s in runs:
+        folder = out / s["agent"]
+        assert (folder / "checkpoint-2" / "hacpo_state.json").is_file()
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        tok = AutoTokenizer.from_pretrained(folder)
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": "1+2="}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        gen = model.generate(**ids, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
+        assert gen.shape[1] > ids["input_ids"].shape[1]
+        expected = "LlamaForCausalLM" if s["agent"].startswith("llama") else "Qwen2ForCausalLM"
+        assert type(model).__name__ == expected
+
+
+def test_resume_continues_with_the_same_capability_history(two_agents, tmp_path, launch):
+    _, reference = two_agents
+    out = tmp_path / "resumed"
+    launch(2, "train_agents.py", "--out", str(out), "--steps", "2", "--save_steps", "2", "--delta", "0.99")
+    first = summaries(out)
+    assert all(s["global_step"] == 2 for s in first)
+    launch(2, "train_agents.py", "--out", str(out), "--steps", "4", "--save_steps", "2", "--delta", "0.99", "--resume")
+    resumed = summaries(out)
+    for ref, res in zip(reference, resumed, strict=True):
+        assert res["global_step"] == 4
+        # the tracker was restored from checkpoint-2 (one generation batch) and continued with the second one:
+        # without the restore it would have counted 1 update; it has the same history as the run without a stop
+        assert res["capability"]["steps"] == 2
+        assert res["capability"] == ref["capability"]
+        assert res["param_sum"] == pytest.approx(ref["param_sum"], rel=1e-5)
+
+
+def test_two_agents_with_two_processes_each(tmp_path, launch):
+    launch(4, "train_agents.py", "--agents", "llama:2,qwen:2", "--out", str(tmp_path), "--steps", "2")
+    runs = _by_agent(summaries(tmp_path))
+    assert sorted(runs) == ["llama0", "qwen1"]
+    for ranks in runs.values():
+        assert [s["agent_world"] for s in ranks] == [2, 2]
+        assert sorted(s["agent_rank"] for s in ranks) == [0, 1]
+        # data-parallel inside the agent: both ranks hold the same, changed, parameters
+        assert ranks[0]["param_sum"] == ranks[1]["param_sum"]
+        assert ranks[0]["trainable_changed"] == ranks[0]["trainable"]
+        # each rank learns from the peer completions of its own prompts: 2 prompts x 2 completions
+        assert all(n == 8 for n in _metric(ranks[0], "hacpo/peer_rows"))  # summed over the agent's 2 ranks
+    assert runs["llama0"][0]["param_sum"] != runs["qwen1"][0]["param_sum"]
+
+
+def test_three_agents_lora_and_full_finetuning(tmp_path, launch):
+    # 4 steps = 2 generation batches: LoRA's zero-initialised B must move before A can receive a gradient
+    launch(3, "train_agents.py", "--agents", "llama:1,qwen:1:lora,llama:1", "--out", str(tmp_path), "--steps", "4")
+    runs = {s["agent"]: s for s in summaries(tmp_path)}
+    assert sorted(runs) == ["llama0", "llama2", "qwen1"]
+    for s in runs.values():
+        assert s["trainable_changed"] == s["trainable"], s["agent"]
+        assert all(n == 16 for n in _metric(s, "hacpo/peer_rows"))  # two peers x 4 prompts x 2 completions
+        assert {k for e in s["log_history"] for k in e if k.startswith("hacpo/omega/")} == {
+            f"hacpo/omega/{a}" for a in runs if a != s["agent"]
+        }
+    lora = runs["qwen1"]
+    assert all("lora_" in n for n in lora["trainable"]) and lora["frozen_changed"] == []
+    assert not any("lora_" in n for n in runs["llama0"]["trainable"])
+    # the LoRA agent saved an adapter that loads on its base and merges into a standalone model
+    from peft import AutoPeftModelForCausalLM
+
+    merged = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "qwen1").merge_and_unload()
+    assert type(merged).__name__ == "Qwen2ForCausalLM"
+    assert torch.isfinite(next(merged.parameters())).all()
