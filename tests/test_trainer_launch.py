@@ -130,3 +130,17 @@ def test_three_agents_lora_and_full_finetuning(tmp_path, launch):
     merged = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "qwen1").merge_and_unload()
     assert type(merged).__name__ == "Qwen2ForCausalLM"
     assert torch.isfinite(next(merged.parameters())).all()
+
+
+def test_different_sampling_settings_fail_at_start_up(tmp_path, launch):
+    proc = launch(2, "train_agents.py", "--out", str(tmp_path), "--override", "1:temperature=0.7", expect_ok=False)
+    assert proc.returncode != 0
+    assert "`temperature` must be equal for every agent" in proc.stderr
+    assert not list(tmp_path.glob("summary-*.json"))
+
+
+def test_agents_on_different_prompts_fail_instead_of_training(tmp_path, launch):
+    proc = launch(2, "train_agents.py", "--out", str(tmp_path), "--other_prompts", "1", expect_ok=False)
+    assert proc.returncode != 0
+    assert "received different prompts" in proc.stderr
+    assert not list(tmp_path.glob("summary-*.json"))

@@ -24,12 +24,20 @@ parser.add_argument("--resume", action="store_true")
 parser.add_argument("--generation_batch", type=int, default=8)
 parser.add_argument("--steps_per_generation", type=int, default=2)
 parser.add_argument("--delta", type=float, default=0.2)
+parser.add_argument("--override", action="append", default=[], help="i:key=json, a setting for agent i only")
+parser.add_argument("--other_prompts", type=int, default=-1, help="give agent i a different dataset")
 opts = parser.parse_args()
 
 specs, builders = [], {}
 for i, item in enumerate(opts.agents.split(",")):
     kind, procs, *flags = item.split(":")
     name = f"{kind}{i}"
+    extra = {
+        k: json.loads(v)
+        for j, kv in (o.split(":", 1) for o in opts.override)
+        if int(j) == i
+        for k, v in [kv.split("=", 1)]
+    }
     lora = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]} if "lora" in flags else None
     specs.append(
         AgentSpec(
@@ -37,7 +45,10 @@ for i, item in enumerate(opts.agents.split(",")):
             num_processes=int(procs),
             lora=lora,
             learning_rate=0.05 if lora is None else 0.2,
-            overrides={"per_device_train_batch_size": opts.generation_batch // opts.steps_per_generation // int(procs)},
+            overrides={
+                "per_device_train_batch_size": opts.generation_batch // opts.steps_per_generation // int(procs),
+                **extra,
+            },
         )
     )
     builders[name] = kind
@@ -73,7 +84,8 @@ if int(os.environ["RANK"]) == 0 and not os.path.isdir(base):  # the agent's own 
 if torch.distributed.is_initialized():
     torch.distributed.barrier()  # the agent's world only
 
-prompts = [[{"role": "user", "content": f"{a}+{b}="}] for a in range(4) for b in range(4)]
+offset = 5 if specs[opts.other_prompts].name == args.agent_name and opts.other_prompts >= 0 else 0
+prompts = [[{"role": "user", "content": f"{a + offset}+{b}="}] for a in range(4) for b in range(4)]
 dataset = Dataset.from_dict({"prompt": prompts, "answer": [str(a + b) for a in range(4) for b in range(4)]})
 
 

@@ -1,0 +1,132 @@
+"""`HACPOConfig` resolution and validation, and one agent without sharing == TRL's own GSPO."""
+
+import pytest
+import torch
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from hacpo_trl import AgentSpec, HACPOConfig, HACPOTrainer
+from hacpo_trl.tiny import char_tokenizer, tiny_llama
+
+COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False)
+
+
+def test_single_agent_mapping_resolves_this_process(tmp_path):
+    cfg = HACPOConfig(
+        output_dir=str(tmp_path),
+        agents={"solo": {"learning_rate": 3e-3, "overrides": {"weight_decay": 0.1}}},
+        **COMMON,
+    )
+    assert cfg.agent_name == "solo" and cfg.agent_spec.learning_rate == 3e-3
+    assert cfg.learning_rate == 3e-3 and cfg.weight_decay == 0.1
+    assert cfg.output_dir == str(tmp_path)  # one agent: the run's folder (several: <output_dir>/<name>)
+    assert cfg.epsilon == 3e-4 and cfg.epsilon_high == 4e-4  # the paper's GSPO clip by default
+    assert cfg.loss_config().delta == 0.2 and cfg.loss_config().delta_step == 0.025
+
+
+def test_no_agents_is_one_implicit_agent(tmp_path):
+    cfg = HACPOConfig(output_dir=str(tmp_path), **COMMON)
+    assert cfg.agent_name == "policy" and [s.name for s in cfg.specs] == ["policy"]
+
+
+@pytest.mark.parametrize(
+    "agents, match",
+    [
+        ([{"name": "a"}, {"name": "b"}], r"add up to 2 .* the launch has 1 process\(es\): launch with `accelerate"),
+        ([{"name": "a"}, {"name": "a"}], r"used more than once: \['a'\]"),
+        ([{"name": "a", "modle_name_or_path": "x"}], r"unknown key\(s\) \['modle_name_or_path'\]"),
+        ([{"name": "a", "num_processes": 0}], "num_processes"),
+        ([{"name": "a", "overrides": {"temprature": 0.5}}], "cannot override 'temprature'"),
+        ([{"name": "a", "overrides": {"output_dir": "x"}}], "set it on the agent itself"),
+        ([], "non-empty"),
+    ],
+)
+def test_bad_agents_are_rejected_with_the_key(tmp_path, agents, match):
+    with pytest.raises(ValueError, match=match):
+        HACPOConfig(output_dir=str(tmp_path), agents=agents, **COMMON)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"peer_filter": "some"}, "peer_filter"),
+        ({"alpha": -1.0}, "alpha"),
+        ({"delta": 1.2}, "delta"),
+        ({"capability_window": 0}, "window"),
+        ({"importance_sampling_level": "token"}, "importance_sampling_level"),
+        ({"exchange_timeout": 0}, "exchange_timeout"),
+    ],
+)
+def test_bad_hacpo_settings(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        HACPOConfig(output_dir=str(tmp_path), **kwargs, **COMMON)
+
+
+def test_agent_spec_validation():
+    with pytest.raises(ValueError, match="name"):
+        AgentSpec(name="a/b")
+    with pytest.raises(ValueError, match="lora"):
+        AgentSpec(name="a", lora="yes")
+
+
+def _digit_share(completions, **kwargs):
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+
+@pytest.mark.parametrize("steps_per_generation", [1, 2])
+def test_one_agent_without_sharing_equals_trl_gspo(tmp_path, steps_per_generation):
+    """`share_rollouts=False` with one agent trains exactly like `GRPOTrainer` with GSPO settings."""
+    tok = char_tokenizer()
+    dataset = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(4) for b in range(4)]})
+    common = dict(
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=6,
+        max_steps=6,
+        learning_rate=0.2,
+        steps_per_generation=steps_per_generation,
+        seed=3,
+        logging_steps=1,
+        save_strategy="no",
+        **COMMON,
+    )
+    trl_args = GRPOConfig(
+        output_dir=str(tmp_path / "trl"),
+        importance_sampling_level="sequence",
+        loss_type="grpo",
+        epsilon=3e-4,
+        epsilon_high=4e-4,
+        **common,
+    )
+    trl_trainer = GRPOTrainer(
+        model=tiny_llama(tok, seed=5),
+        reward_funcs=_digit_share,
+        args=trl_args,
+        train_dataset=dataset,
+        processing_class=tok,
+    )
+    trl_trainer.train()
+
+    hacpo_args = HACPOConfig(output_dir=str(tmp_path / "hacpo"), share_rollouts=False, **common)
+    hacpo_trainer = HACPOTrainer(
+        model=tiny_llama(tok, seed=5),
+        reward_funcs=_digit_share,
+        args=hacpo_args,
+        train_dataset=dataset,
+        processing_class=tok,
+    )
+    start = {n: p.detach().clone() for n, p in hacpo_trainer.model.named_parameters()}
+    hacpo_trainer.train()
+
+    moved = 0
+    for (name, a), (_, b) in zip(
+        hacpo_trainer.model.named_parameters(), trl_trainer.model.named_parameters(), strict=True
+    ):
+        moved += not torch.equal(a, start[name])
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    assert moved > 0  # the comparison is between trained models, not two copies of the initial one
+    if steps_per_generation == 2:  # off-policy second updates: TRL's clip really cut some rows
+        assert any(e.get("clip_ratio/region_mean", 0) > 0 for e in trl_trainer.state.log_history)
+    trl_losses = [e["loss"] for e in trl_trainer.state.log_history if "loss" in e]
+    hacpo_losses = [e["loss"] for e in hacpo_trainer.state.log_history if "loss" in e]
+    assert hacpo_losses == pytest.approx(trl_losses, rel=1e-5, abs=1e-7)

@@ -1,0 +1,165 @@
+"""A peer's completion in the learner's tokens: unit tests, and the peer rows the trainer builds from them."""
+
+import pytest
+import torch
+from datasets import Dataset
+
+from hacpo_trl.algorithm import CapabilityTracker
+from hacpo_trl.exchange import RolloutBatch
+from hacpo_trl.retokenize import completion_text, peer_completion_ids
+from hacpo_trl.tiny import bpe_tokenizer, char_tokenizer, tiny_llama
+
+CHAR = char_tokenizer()
+BPE = bpe_tokenizer()
+
+
+@pytest.mark.parametrize("tok", [CHAR, BPE], ids=["char", "bpe"])
+def test_terminated_completion_gets_the_learners_eos(tok):
+    view = peer_completion_ids(tok, "12 + 3 = 15", terminated=True, max_completion_length=64)
+    assert view.ids[-1] == tok.eos_token_id and not view.truncated
+    assert tok.decode(view.ids[:-1]) == "12 + 3 = 15"
+    assert tok.eos_token_id not in view.ids[:-1]
+
+
+def test_tokenizers_really_differ():
+    char = peer_completion_ids(CHAR, "12 + 3 = 15", True, 64).ids
+    bpe = peer_completion_ids(BPE, "12 + 3 = 15", True, 64).ids
+    assert len(char) == 12 and len(bpe) < len(char)  # one token per character vs merged byte pairs
+
+
+def test_unterminated_completion_has_no_eos():
+    view = peer_completion_ids(CHAR, "12 +", terminated=False, max_completion_length=64)
+    assert view.ids == CHAR("12 +", add_special_tokens=False)["input_ids"]
+    assert CHAR.eos_token_id not in view.ids
+
+
+def test_over_long_completion_is_cut_and_marked():
+    view = peer_completion_ids(CHAR, "123456789", terminated=True, max_completion_length=4)
+    assert view.truncated and len(view.ids) == 4
+    assert CHAR.decode(view.ids) == "1234"  # the EOS was cut with the tail: the learner is not taught to stop here
+    exact = peer_completion_ids(CHAR, "123", terminated=True, max_completion_length=4)
+    assert not exact.truncated and exact.ids[-1] == CHAR.eos_token_id
+
+
+def test_empty_completion():
+    assert peer_completion_ids(CHAR, "", terminated=True, max_completion_length=4).ids == [CHAR.eos_token_id]
+    assert peer_completion_ids(CHAR, "", terminated=False, max_completion_length=4) is None
+
+
+def test_text_the_learner_cannot_represent_becomes_unknown_tokens():
+    view = peer_completion_ids(CHAR, "π=3", terminated=False, max_completion_length=8)
+    assert view.ids[0] == CHAR.unk_token_id and CHAR.decode(view.ids[1:]) == "=3"
+    # a byte-level tokenizer represents everything
+    assert BPE.decode(peer_completion_ids(BPE, "π=3", False, 8).ids) == "π=3"
+
+
+def test_completion_text_of_conversational_and_plain():
+    assert completion_text("abc") == "abc"
+    assert completion_text([{"role": "assistant", "content": "4"}]) == "4"
+    with pytest.raises(TypeError):
+        completion_text(3)
+
+
+def test_bad_max_length():
+    with pytest.raises(ValueError, match="max_completion_length"):
+        peer_completion_ids(CHAR, "1", True, 0)
+
+
+# ------------------------------------------------------------------- the peer rows the trainer appends
+
+
+@pytest.fixture(scope="module")
+def learner(tmp_path_factory):
+    """A one-process trainer for a char-level Llama learner, told that a byte-BPE peer exists."""
+    from hacpo_trl import HACPOConfig, HACPOTrainer
+
+    args = HACPOConfig(
+        output_dir=str(tmp_path_factory.mktemp("learner")),
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=5,
+        steps_per_generation=2,
+        report_to="none",
+        gradient_checkpointing=False,
+    )
+    prompts = [[{"role": "user", "content": "1+1="}], [{"role": "user", "content": "2+2="}]]
+    trainer = HACPOTrainer(
+        model=tiny_llama(CHAR),
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        processing_class=CHAR,
+    )
+    trainer.agent_names = ["policy", "peer"]
+    trainer.capability = CapabilityTracker(trainer.agent_names)
+    trainer.capability.update({"policy": [1, 0, 0, 0], "peer": [1, 1, 0, 1]})  # P = 0.25 and 0.75
+    return trainer
+
+
+def test_peer_rows_are_built_in_the_learners_view(learner):
+    # the learner's own batch: 2 prompts x 2 completions, prompts under the learner's chat template
+    msgs = [{"role": "user", "content": "1+1="}]
+    prompt = CHAR.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert CHAR.decode(prompt) == "[INST] 1+1= [/INST] "  # the peer's ChatML template plays no part
+    other = CHAR.apply_chat_template(
+        [{"role": "user", "content": "2+2="}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    width = max(len(prompt), len(other))
+    prompt_rows = [prompt, prompt, other, other]
+    batch = {
+        "prompt_ids": torch.tensor([[CHAR.pad_token_id] * (width - len(p)) + p for p in prompt_rows]),
+        "prompt_mask": torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_rows]),
+        "completion_ids": torch.tensor([[10, 11, 1, 0], [10, 0, 0, 0], [12, 13, 14, 1], [12, 1, 0, 0]]),
+        "completion_mask": torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]),
+        "advantages": torch.zeros(4),
+        "hacpo_is_peer": torch.zeros(4, dtype=torch.bool),
+        "hacpo_old_mean_logp": torch.full((4,), -1.0),
+        "hacpo_old_len": torch.tensor([3, 1, 4, 2]),
+        "hacpo_omega": torch.ones(4),
+        "hacpo_valid": torch.ones(4, dtype=torch.bool),
+    }
+    ids = ["p0", "p0", "p1", "p1"]
+    peer = RolloutBatch(
+        agent="peer",
+        global_rank=1,
+        step=0,
+        prompt_ids=["p0", "p0", "p1", "p1"],
+        texts=["2", "", "4444444", "x"],
+        rewards=[1.0, 0.0, 1.0, float("nan")],
+        old_mean_logps=[-0.5, -0.7, -0.2, -0.3],
+        num_tokens=[2, 1, 8, 1],
+        terminated=[True, True, False, False],
+    )
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    out = learner._add_peer_rows(batch, [peer], ids, rewards, {"peer": [peer]}, 0.0, "train")
+
+    # self rows first, then the 3 usable peer rows (the NaN-reward one is rejected), then 1 padding row so that
+    # the 8 rows split into steps_per_generation = 2 equal mini-batches
+    assert out["hacpo_is_peer"].tolist() == [False] * 4 + [True] * 4
+    assert out["hacpo_valid"].tolist() == [True] * 7 + [False]
+    assert out["prompt_ids"].shape[0] == out["completion_ids"].shape[0] == 8
+    # every peer row carries the learner's own prompt tokens for its prompt
+    for row, pid in zip(range(4, 7), ["p0", "p0", "p1"], strict=True):
+        tokens = out["prompt_ids"][row][out["prompt_mask"][row].bool()].tolist()
+        assert tokens == (prompt if pid == "p0" else other)
+    eos = CHAR.eos_token_id
+    completions = [out["completion_ids"][r][out["completion_mask"][r].bool()].tolist() for r in range(4, 7)]
+    assert completions[0] == CHAR("2", add_special_tokens=False)["input_ids"] + [eos]  # terminated: + EOS
+    assert completions[1] == [eos]  # empty but terminated: the single EOS action
+    assert completions[2] == CHAR("44444", add_special_tokens=False)["input_ids"]  # cut to 5, no EOS
+    # generator statistics travel with the rows; ω(source, learner) = 0.75 / 0.25 = 3
+    torch.testing.assert_close(out["hacpo_old_mean_logp"][4:7], torch.tensor([-0.5, -0.7, -0.2]))
+    assert out["hacpo_old_len"][4:7].tolist() == [2, 1, 8]
+    torch.testing.assert_close(out["hacpo_omega"][4:7], torch.full((3,), 3.0))
+    # joint-group advantages for learner "policy" (P 0.25) vs peer (P 0.75): ω(k, j) = 1/3 scales peer rewards.
+    # p0: rewards self [1, 0], peer [1, 0] -> μ̂ = (1 + 0 + 1/3 + 0) / 4 = 1/3, σ = std([1,0,1,0]) = 0.57735
+    s = torch.tensor([1.0, 0.0, 1.0, 0.0]).std()
+    expected_p0 = (torch.tensor([1.0, 0.0, 1.0, 0.0]) - 1 / 3) / (s + 1e-6)
+    torch.testing.assert_close(out["advantages"][[0, 1, 4, 5]], expected_p0)
+    # p1: self [0, 0], peer [1] (the NaN row left out) -> μ̂ = (0 + 0 + 1/3) / 3 = 1/9, σ = std([0,0,1])
+    s1 = torch.tensor([0.0, 0.0, 1.0]).std()
+    expected_p1 = (torch.tensor([0.0, 0.0, 1.0]) - 1 / 9) / (s1 + 1e-6)
+    torch.testing.assert_close(out["advantages"][[2, 3, 6]], expected_p1)
+    assert out["advantages"][7] == 0
