@@ -5,12 +5,21 @@ BIN := $(VENV)/bin
 # The exact pin matters: a bare `torch` or an open range can pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test lint format clean
+.PHONY: install test lint format clean demo
 
 install: $(BIN)/activate
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install "$(TORCH_PIN)"
 	$(BIN)/pip install -e ".[dev]"
+	touch $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(MAKE) install
+
+# Two built-in tiny agents learn arithmetic together with HACPO on the CPU (a few minutes).
+demo: $(VENV)/.installed
+	$(BIN)/accelerate launch --config_file accelerate_configs/cpu_2agents.yaml \
+		-m hacpo_trl.train --config recipes/demo_cpu.yaml
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)

@@ -25,12 +25,15 @@ def free_port() -> int:
 
 
 def accelerate_launch(num_processes: int, script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`accelerate launch --multi_gpu` on CPU (a gloo world), bounded in time so a hang fails the test."""
+    """`accelerate launch --multi_gpu` on CPU (a gloo world), bounded in time so a hang fails the test.
+
+    ``script`` is a file in tests/scripts, or ``"-m"`` followed by a module name in ``args``.
+    """
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--multi_gpu", "--num_processes", str(num_processes), "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-        str(SCRIPTS / script), *args,
+        *([str(SCRIPTS / script)] if script.endswith(".py") else [script]), *args,
     ]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 

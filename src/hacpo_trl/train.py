@@ -1,0 +1,285 @@
+"""`hacpo-train`: train every agent of a recipe in one launch.
+
+    accelerate launch --config_file accelerate_configs/cpu_2agents.yaml -m hacpo_trl.train \\
+        --config recipes/demo_cpu.yaml
+
+Every process runs this module; each resolves the recipe to its own agent (see `HACPOConfig`). Recipe keys are
+`HACPOConfig` / `GRPOConfig` fields plus the script arguments below, and command-line flags override them, as with
+TRL's own scripts. A recipe is checked before any model loads; a bad one stops every process with one message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+
+import yaml
+
+__all__ = ["HACPOScriptArguments", "RecipeError", "check_recipe", "main"]
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot run; the message names the key and the fix."""
+
+
+@dataclass
+class HACPOScriptArguments:
+    """What to train on, how to score it, and what the script reports.
+
+    Args:
+        task: ``"arithmetic"`` (the built-in offline task), ``"math"`` (MATH with the boxed-answer instruction) or
+            ``"dataset"`` (any dataset with ``prompt`` and ``answer`` columns).
+        dataset_name: dataset id or local path for ``"math"`` / ``"dataset"``.
+        dataset_config: dataset configuration name.
+        dataset_train_split: split to train on.
+        reward_funcs: reward names from `hacpo_trl.rewards.REWARD_FUNCS` or import paths.
+        eval_samples: held-out problems evaluated before and after training (built-in task only; 0 = skip).
+        plot: write a PNG of every agent's reward and capability curves next to the agents (global rank 0).
+    """
+
+    task: str = field(default="arithmetic", metadata={"help": "'arithmetic', 'math' or 'dataset'."})
+    dataset_name: str | None = field(default=None, metadata={"help": "Dataset id or path."})
+    dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration."})
+    dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
+    reward_funcs: list[str] = field(default_factory=lambda: ["arithmetic_exact"], metadata={"help": "Rewards."})
+    eval_samples: int = field(default=300, metadata={"help": "Held-out problems to evaluate before and after."})
+    plot: bool = field(default=True, metadata={"help": "Write reward and capability curves as a PNG."})
+
+
+# ------------------------------------------------------------------------------------------ recipe checks
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML loader that refuses a key given twice (PyYAML would silently keep the last one)."""
+
+
+def _construct_mapping(loader, node, deep=False):
+    keys = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in keys:
+            raise RecipeError(f"recipe key {key!r} is given twice (line {key_node.start_mark.line + 1})")
+        keys.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_recipe(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise RecipeError(f"recipe file {path!r} does not exist")
+    with open(path) as f:
+        recipe = yaml.load(f, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    if not isinstance(recipe, dict):
+        raise RecipeError(f"recipe {path!r} must be a YAML mapping of settings")
+    return recipe
+
+
+def _field_names() -> set[str]:
+    from .config import HACPOConfig
+
+    return {f.name for f in dataclasses.fields(HACPOConfig)} | {
+        f.name for f in dataclasses.fields(HACPOScriptArguments)
+    }
+
+
+def check_recipe(recipe: dict, num_processes: int | None = None) -> None:
+    """Everything that can be checked without loading a model: keys, agents, process counts, rewards.
+
+    Raises :class:`RecipeError` naming the first problem.
+    """
+    from .config import AgentSpec, _as_specs
+    from .rewards import get_reward_funcs
+
+    valid = _field_names() | {"env"}
+    for key in recipe:
+        if key not in valid:
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise RecipeError(f"unknown recipe key {key!r}{hint}")
+    if "agents" not in recipe or not recipe["agents"]:
+        raise RecipeError("recipe key 'agents' is missing: name at least one agent with its model_name_or_path")
+    try:
+        specs: list[AgentSpec] = _as_specs(recipe["agents"])
+    except (ValueError, TypeError) as exc:
+        raise RecipeError(f"recipe key 'agents': {exc}") from None
+    for spec in specs:
+        if not spec.model_name_or_path:
+            raise RecipeError(f"recipe key 'agents.{spec.name}.model_name_or_path' is missing")
+    total = sum(s.num_processes for s in specs)
+    if num_processes is not None and total != num_processes:
+        counts = ", ".join(f"{s.name}: {s.num_processes}" for s in specs)
+        raise RecipeError(
+            f"recipe key 'agents': num_processes add up to {total} ({counts}) but the launch has {num_processes}"
+        )
+    outputs = [s.output_dir for s in specs if s.output_dir]
+    if len(outputs) != len(set(outputs)):
+        raise RecipeError("recipe key 'agents': two agents share an output_dir; give each its own")
+    try:
+        get_reward_funcs(recipe.get("reward_funcs", HACPOScriptArguments().reward_funcs))
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from None
+    task = recipe.get("task", "arithmetic")
+    if task not in ("arithmetic", "math", "dataset"):
+        raise RecipeError(f"recipe key 'task' must be 'arithmetic', 'math' or 'dataset', got {task!r}")
+    if task == "dataset" and not recipe.get("dataset_name"):
+        raise RecipeError("recipe key 'dataset_name' is required with task: dataset")
+
+
+def _config_path(argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ the run
+
+
+def _dataset(script_args: HACPOScriptArguments):
+    from .tasks import arithmetic_splits, math_dataset
+
+    if script_args.task == "arithmetic":
+        splits = arithmetic_splits()
+        return splits["train"], splits["test"]
+    if script_args.task == "math":
+        return math_dataset(script_args.dataset_name or "DigitalLearningGmbH/MATH-lighteval"), None
+    from datasets import load_dataset
+
+    return load_dataset(
+        script_args.dataset_name, script_args.dataset_config, split=script_args.dataset_train_split
+    ), None
+
+
+def _evaluate(trainer, test, script_args) -> float | None:
+    if test is None or script_args.eval_samples <= 0 or trainer.accelerator.process_index != 0:
+        return None
+    from .evaluate import evaluate_model
+    from .rewards import get_reward_funcs
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    result = evaluate_model(
+        model,
+        trainer.processing_class,
+        test.select(range(min(script_args.eval_samples, len(test)))),
+        get_reward_funcs(script_args.reward_funcs)[0],
+        max_new_tokens=min(16, trainer.args.max_completion_length),
+        chat_template_kwargs=trainer.args.chat_template_kwargs,
+    )
+    return result.avg_at_k
+
+
+def _plot(histories: dict[str, list[dict]], agents: list[str], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_r, ax_c) = plt.subplots(1, 2, figsize=(10, 4))
+    for agent in agents:
+        history = histories.get(agent, [])
+        points = [(e["step"], e["reward"]) for e in history if "reward" in e]
+        if points:
+            ax_r.plot(*zip(*points, strict=True), label=agent)
+        caps = [(e["step"], e[f"hacpo/capability/{agent}"]) for e in history if f"hacpo/capability/{agent}" in e]
+        if caps:
+            ax_c.plot(*zip(*caps, strict=True), label=agent)
+    ax_r.set(title="training reward (own completions)", xlabel="step", ylabel="mean reward")
+    ax_c.set(title="capability P̂ (window mean accuracy)", xlabel="step", ylabel="P̂")
+    for ax in (ax_r, ax_c):
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rank0 = os.environ.get("RANK", "0") == "0"
+    try:
+        path = _config_path(argv)
+        if path is not None:
+            world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+            check_recipe(load_recipe(path), num_processes=world if "RANK" in os.environ else None)
+        from trl import TrlParser
+
+        from .config import HACPOConfig
+
+        parser = TrlParser((HACPOScriptArguments, HACPOConfig))
+        script_args, config = parser.parse_args_and_config(argv)
+        if not config.agents:
+            raise RecipeError("recipe key 'agents' is missing: name at least one agent with its model_name_or_path")
+        from .rewards import get_reward_funcs
+
+        reward_funcs = get_reward_funcs(script_args.reward_funcs)
+    except (RecipeError, ValueError) as exc:
+        if rank0:
+            print(f"hacpo-train: error: {exc}", file=sys.stderr)
+        return 2
+    return _run(script_args, config, reward_funcs)
+
+
+def _run(script_args, config, reward_funcs) -> int:
+    import torch
+
+    from .demo import resolve_model
+    from .topology import current_topology
+    from .trainer import HACPOTrainer
+
+    def trainer_rank() -> int:
+        return current_topology().agent_rank
+
+    spec = config.agent_spec
+    if spec.model_name_or_path.startswith("builtin:"):
+        if trainer_rank() == 0:
+            resolve_model(spec.model_name_or_path)  # one process per agent builds it
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()  # this agent's world only
+    model_path = resolve_model(spec.model_name_or_path)
+    train, test = _dataset(script_args)
+    trainer = HACPOTrainer(model=model_path, reward_funcs=reward_funcs, args=config, train_dataset=train)
+    before = _evaluate(trainer, test, script_args)
+    if before is not None:
+        print(f"[{trainer.agent}] held-out accuracy before training: {before:.3f}", flush=True)
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    trainer.save_model()
+    after = _evaluate(trainer, test, script_args)
+    if after is not None:
+        print(f"[{trainer.agent}] held-out accuracy after training:  {after:.3f}", flush=True)
+
+    is_agent_main = trainer.accelerator.process_index == 0
+    report = (trainer.agent, is_agent_main, before, after, trainer.state.log_history, config.output_dir)
+    reports = [r for r in trainer.exchange.all_gather(report, what="final report") if r[1]]
+    if trainer.topology.global_rank == 0:
+        root = os.path.commonpath([r[5] for r in reports]) if len(reports) > 1 else config.output_dir
+        summary = {r[0]: {"accuracy_before": r[2], "accuracy_after": r[3], "output_dir": r[5]} for r in reports}
+        with open(os.path.join(root, "hacpo_summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        print("\nHACPO run finished.")
+        for agent, info in summary.items():
+            change = ""
+            if info["accuracy_before"] is not None:
+                change = f"  held-out accuracy {info['accuracy_before']:.3f} -> {info['accuracy_after']:.3f}"
+            print(f"  {agent}: {info['output_dir']}{change}")
+        if script_args.plot:
+            png = os.path.join(root, "hacpo_curves.png")
+            _plot({r[0]: r[4] for r in reports}, [r[0] for r in reports], png)
+            print(f"  curves: {png}")
+        print(f"  summary: {os.path.join(root, 'hacpo_summary.json')}", flush=True)
+    return 0
+
+
+def cli() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

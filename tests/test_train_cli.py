@@ -1,0 +1,154 @@
+"""The `hacpo-train` entry point: recipe checks, every shipped recipe and accelerate config, and the CPU demo."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from conftest import accelerate_launch
+from hacpo_trl.train import RecipeError, check_recipe, load_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+ACCELERATE_CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
+GOOD = {
+    "agents": [
+        {"name": "a", "model_name_or_path": "builtin:tiny-llama"},
+        {"name": "b", "model_name_or_path": "builtin:tiny-qwen2"},
+    ],
+    "reward_funcs": ["arithmetic_exact"],
+}
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"learnin_rate": 1e-6}, r"unknown recipe key 'learnin_rate'; did you mean 'learning_rate'\?"),
+        ({"agents": None}, r"recipe key 'agents' is missing"),
+        ({"agents": [{"name": "a"}]}, r"'agents.a.model_name_or_path' is missing"),
+        ({"agents": [{"name": "a", "model_name_or_path": "x"}] * 2}, r"used more than once: \['a'\]"),
+        ({"reward_funcs": ["accuracy"]}, r"unknown reward function 'accuracy'"),
+        ({"task": "chess"}, r"'task' must be"),
+        ({"task": "dataset"}, r"'dataset_name' is required"),
+        (
+            {
+                "agents": [
+                    {"name": "a", "model_name_or_path": "x", "output_dir": "o"},
+                    {"name": "b", "model_name_or_path": "y", "output_dir": "o"},
+                ]
+            },
+            "share an output_dir",
+        ),
+    ],
+)
+def test_bad_recipes_name_the_key(change, match):
+    with pytest.raises(RecipeError, match=match):
+        check_recipe({**GOOD, **change})
+
+
+def test_process_counts_must_fit_the_launch():
+    check_recipe(GOOD, num_processes=2)
+    with pytest.raises(RecipeError, match=r"add up to 2 \(a: 1, b: 1\) but the launch has 3"):
+        check_recipe(GOOD, num_processes=3)
+
+
+def test_a_key_given_twice_is_an_error(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("agents:\n  a: {model_name_or_path: x}\n  a: {model_name_or_path: y}\n")
+    with pytest.raises(RecipeError, match=r"'a' is given twice \(line 3\)"):
+        load_recipe(str(path))
+
+
+def test_cli_rejects_a_bad_recipe_before_loading_any_model(tmp_path):
+    recipe = {**GOOD, "agents": [{"name": "a", "model_name_or_path": "/nonexistent/model"}], "learnin_rate": 1}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    proc = subprocess.run(
+        [sys.executable, "-m", "hacpo_trl.train", "--config", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    assert "hacpo-train: error: unknown recipe key 'learnin_rate'; did you mean 'learning_rate'?" in proc.stderr
+    assert "nonexistent" not in proc.stderr  # the model was never touched
+
+
+def _launch_config(recipe_path: Path) -> Path:
+    match = re.search(r"--config_file (\S+)", recipe_path.read_text())
+    assert match, f"{recipe_path.name}: the header must show the launch command"
+    return ROOT / match.group(1)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_every_recipe_is_valid_for_its_launch(path, tmp_path):
+    from hacpo_trl import HACPOConfig
+    from hacpo_trl.train import HACPOScriptArguments
+
+    text = path.read_text()
+    assert text.startswith("#"), "each recipe starts with a comment: what, on what hardware, how long"
+    recipe = load_recipe(str(path))
+    launch = yaml.safe_load(_launch_config(path).read_text())
+    check_recipe(recipe, num_processes=launch["num_processes"])
+    # every setting is a valid HACPOConfig on this machine, checked with the first agent alone on one CPU process
+    script_fields = set(HACPOScriptArguments.__dataclass_fields__)
+    settings = {k: v for k, v in recipe.items() if k not in script_fields and k != "agents"}
+    first = {**recipe["agents"][0], "num_processes": 1}
+    settings.update(agents=[first], use_cpu=True, bf16=False, output_dir=str(tmp_path), report_to="none")
+    cfg = HACPOConfig(**settings)
+    assert cfg.agent_name == first["name"]
+    if recipe.get("task") == "math":  # the paper's batching: 128 prompts x 8 per agent, 4 updates per step
+        per_agent = recipe["agents"][0]["num_processes"]
+        assert recipe["per_device_train_batch_size"] * recipe["steps_per_generation"] * per_agent == 128 * 8
+        assert recipe["steps_per_generation"] // recipe["gradient_accumulation_steps"] == 4
+
+
+@pytest.mark.parametrize("path", ACCELERATE_CONFIGS, ids=[p.stem for p in ACCELERATE_CONFIGS])
+def test_every_accelerate_config_loads(path):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    assert path.read_text().startswith("#"), "each accelerate config starts with a comment saying what it is for"
+    config = load_config_from_file(str(path))
+    assert config.num_processes >= 2 and config.num_processes % config.num_machines == 0
+
+
+@pytest.fixture(scope="session")
+def builtin_cache(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hacpo_cache")
+    os.environ["HACPO_CACHE"] = str(path)
+    return path
+
+
+def test_demo_trains_two_builtin_agents_end_to_end(tmp_path, builtin_cache):
+    """The CPU demo, shortened: built-in agents built, trained with HACPO, evaluated, saved, plotted."""
+    out = tmp_path / "demo"
+    proc = accelerate_launch(
+        2,
+        "-m",
+        "hacpo_trl.train",
+        "--config",
+        str(ROOT / "recipes" / "demo_cpu.yaml"),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "4",
+        "--eval_samples",
+        "40",
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    summary = json.loads((out / "hacpo_summary.json").read_text())
+    assert sorted(summary) == ["tiny-llama", "tiny-qwen2"]
+    for agent, info in summary.items():
+        assert 0 <= info["accuracy_before"] <= 1 and 0 <= info["accuracy_after"] <= 1
+        model = AutoModelForCausalLM.from_pretrained(out / agent)
+        AutoTokenizer.from_pretrained(out / agent)
+        assert type(model).__name__ == ("LlamaForCausalLM" if agent == "tiny-llama" else "Qwen2ForCausalLM")
+    # the warm start really gives one stronger agent: tiny-llama solves more held-out problems before training
+    assert summary["tiny-llama"]["accuracy_before"] > summary["tiny-qwen2"]["accuracy_before"] > 0
+    assert (out / "hacpo_curves.png").stat().st_size > 10_000
+    assert "held-out accuracy before training" in proc.stdout
+    assert str(out / "tiny-llama") in proc.stdout
