@@ -144,3 +144,54 @@ def test_agents_on_different_prompts_fail_instead_of_training(tmp_path, launch):
     assert proc.returncode != 0
     assert "received different prompts" in proc.stderr
     assert not list(tmp_path.glob("summary-*.json"))
+
+
+def _wandb_records(path):
+    """Records of an offline wandb run file (LevelDB-style log of protobuf records, 32 KiB blocks)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, buf, out = 7, 32768, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # block trailer
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        payload = data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind == 1:  # full
+            out.append(payload)
+        elif kind in (2, 3):  # first, middle
+            buf = payload if kind == 2 else buf + payload
+        elif kind == 4:  # last
+            out.append(buf + payload)
+    return [pb.Record.FromString(p) for p in out]
+
+
+def test_wandb_makes_one_grouped_run_per_agent(tmp_path, launch, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_PROJECT", "hacpo-test")
+    monkeypatch.delenv("WANDB_RUN_GROUP", raising=False)
+    launch(2, "train_agents.py", "--out", str(tmp_path / "run"), "--steps", "2", "--report_to", "wandb")
+    runs = {}
+    for file in (tmp_path / "wandb").glob("offline-run-*/run-*.wandb"):
+        records = _wandb_records(file)
+        run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
+        keys = {
+            i.nested_key[0] if i.nested_key else i.key
+            for r in records
+            if r.WhichOneof("record_type") == "history"
+            for i in r.history.item
+        }
+        runs[run.display_name] = (run.run_group, run.project, keys)
+    assert sorted(runs) == ["llama0", "qwen1"]  # one run per agent, named after it
+    groups = {group for group, _, _ in runs.values()}
+    assert len(groups) == 1 and groups.pop().startswith("run-")  # grouped under one run group
+    for _, project, keys in runs.values():
+        assert project == "hacpo-test"
+        assert {"train/hacpo/capability/llama0", "train/hacpo/capability/qwen1", "train/reward"} <= keys

@@ -244,6 +244,8 @@ class HACPOConfig(GRPOConfig):
         self.agent_name = spec.name
         self._apply_agent(spec, several=len(specs) > 1)
         super().__post_init__()
+        if len(specs) > 1:
+            self._share_run_group(topology)
         if self.naive:
             self.capability_baseline = False
         self.agents = {s.name: dataclasses.asdict(s) for s in specs} if self._specs else None
@@ -265,6 +267,16 @@ class HACPOConfig(GRPOConfig):
             setattr(self, key, value)
         if several and self.run_name in (None, self.output_dir):
             self.run_name = spec.name
+
+    def _share_run_group(self, topology: AgentTopology) -> None:
+        """One run group for all agents (wandb: one run per agent, grouped), chosen by global rank 0."""
+        import time
+
+        from .exchange import Exchange
+
+        run = os.path.basename(os.path.normpath(os.path.dirname(self.output_dir) or ".")) or "hacpo"
+        proposal = os.environ.get("WANDB_RUN_GROUP") or f"{run}-{time.strftime('%Y%m%d-%H%M%S')}"
+        os.environ["WANDB_RUN_GROUP"] = Exchange(topology).all_gather(proposal, what="run group")[0]
 
     @property
     def specs(self) -> list[AgentSpec]:

@@ -25,6 +25,7 @@ parser.add_argument("--generation_batch", type=int, default=8)
 parser.add_argument("--steps_per_generation", type=int, default=2)
 parser.add_argument("--delta", type=float, default=0.2)
 parser.add_argument("--override", action="append", default=[], help="i:key=json, a setting for agent i only")
+parser.add_argument("--report_to", default="none")
 parser.add_argument("--other_prompts", type=int, default=-1, help="give agent i a different dataset")
 opts = parser.parse_args()
 
@@ -63,7 +64,7 @@ args = HACPOConfig(
     max_completion_length=8,
     max_steps=opts.steps,
     logging_steps=1,
-    report_to="none",
+    report_to=opts.report_to,
     gradient_checkpointing=False,
     save_strategy="steps" if opts.save_steps else "no",
     save_steps=opts.save_steps or 500,
