@@ -265,6 +265,11 @@ class HACPOConfig(GRPOConfig):
                 hint = "set it on the agent itself" if key in _NOT_PER_AGENT else "not a HACPOConfig field"
                 raise ValueError(f"agent {spec.name!r}: cannot override {key!r} ({hint})")
             setattr(self, key, value)
+        if self.push_to_hub and several and not spec.hub_model_id:
+            raise ValueError(
+                f"agent {spec.name!r}: `push_to_hub` needs a `hub_model_id` for every agent (each agent is pushed to "
+                "its own repository)"
+            )
         if several and self.run_name in (None, self.output_dir):
             self.run_name = spec.name
 

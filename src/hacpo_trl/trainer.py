@@ -108,6 +108,9 @@ class HACPOTrainer(GRPOTrainer):
             if not spec.model_name_or_path:
                 raise ValueError(f"agent {spec.name!r} has no `model_name_or_path` and no model was passed")
             model = spec.model_name_or_path
+        self._base_model = (
+            model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
+        )
         if processing_class is None:
             source = spec.tokenizer_name_or_path or (model if isinstance(model, str) else None)
             if source is None:
@@ -549,6 +552,47 @@ class HACPOTrainer(GRPOTrainer):
             metrics["kl"].append(float(out.kl.mean()))
 
     # -------------------------------------------------------------------------------------- saving and resume
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None, **kwargs):
+        """TRL's card, plus what a HACPO agent needs to be understood: its peers, the recipe and final metrics."""
+        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        if not self.is_world_process_zero():
+            return
+        path = os.path.join(self.args.output_dir, "README.md")
+        if not os.path.isfile(path):
+            return
+        with open(path, "a") as f:
+            f.write(self._hacpo_card_section())
+
+    def _hacpo_card_section(self) -> str:
+        args = self.args
+        lines = ["", "", "## HACPO", ""]
+        lines.append(f"This model is agent `{self.agent}` of a HACPO run (arXiv 2603.02604), trained with `hacpo-trl`.")
+        lines.append(f"Base model: `{self._base_model or 'in-memory model'}`.")
+        lines.append("")
+        peers = [s for s in args.specs if s.name != self.agent]
+        if peers and args.share_rollouts:
+            lines.append("It learned from its own completions and from those of its peers:")
+            lines += [f"- `{p.name}`: `{p.model_name_or_path or 'in-memory model'}`" for p in peers]
+        else:
+            lines.append("It was trained on its own completions only (no rollout sharing).")
+        settings = {
+            k: getattr(args, k)
+            for k in ("alpha", "delta", "delta_step", "capability_window", "capability_baseline",
+                      "capability_coefficient", "peer_clipping", "naive", "peer_filter", "epsilon", "epsilon_high",
+                      "num_generations", "learning_rate", "temperature", "max_completion_length", "beta")
+        }  # fmt: skip
+        lines += ["", "Recipe (HACPO settings):", "", "```json", json.dumps(settings, indent=2, default=str), "```", ""]
+        final: dict[str, float] = {}
+        for entry in self.state.log_history:
+            for key, value in entry.items():
+                if key == "reward" or key.startswith("hacpo/capability/") or key == "train_loss":
+                    final[key] = value
+        if final:
+            lines += ["Final training metrics:", "", "| metric | value |", "|---|---|"]
+            lines += [f"| {k} | {v:.4g} |" for k, v in final.items() if isinstance(v, int | float)]
+            lines += [f"| global step | {self.state.global_step} |", ""]
+        return "\n".join(lines) + "\n"
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)

@@ -26,6 +26,7 @@ parser.add_argument("--steps_per_generation", type=int, default=2)
 parser.add_argument("--delta", type=float, default=0.2)
 parser.add_argument("--override", action="append", default=[], help="i:key=json, a setting for agent i only")
 parser.add_argument("--report_to", default="none")
+parser.add_argument("--push", action="store_true", help="push every agent to <HF_ENDPOINT>/tester/<agent>")
 parser.add_argument("--other_prompts", type=int, default=-1, help="give agent i a different dataset")
 opts = parser.parse_args()
 
@@ -45,6 +46,7 @@ for i, item in enumerate(opts.agents.split(",")):
             name=name,
             num_processes=int(procs),
             lora=lora,
+            hub_model_id=f"tester/{name}" if opts.push else None,
             learning_rate=0.05 if lora is None else 0.2,
             overrides={
                 "per_device_train_batch_size": opts.generation_batch // opts.steps_per_generation // int(procs),
@@ -65,6 +67,7 @@ args = HACPOConfig(
     max_steps=opts.steps,
     logging_steps=1,
     report_to=opts.report_to,
+    push_to_hub=opts.push,
     gradient_checkpointing=False,
     save_strategy="steps" if opts.save_steps else "no",
     save_steps=opts.save_steps or 500,
