@@ -195,3 +195,21 @@ def test_wandb_makes_one_grouped_run_per_agent(tmp_path, launch, monkeypatch):
     for _, project, keys in runs.values():
         assert project == "hacpo-test"
         assert {"train/hacpo/capability/llama0", "train/hacpo/capability/qwen1", "train/reward"} <= keys
+
+
+def test_tensorboard_and_trackio_log_every_agent(tmp_path, launch, monkeypatch):
+    import json
+    import sqlite3
+
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    out = tmp_path / "run"
+    launch(2, "train_agents.py", "--out", str(out), "--steps", "2", "--report_to", "tensorboard,trackio")
+    for agent in ("llama0", "qwen1"):
+        assert list((out / agent / "runs").glob("*/events.out.tfevents.*")), f"no tensorboard events for {agent}"
+    (db,) = (tmp_path / "trackio").glob("*.db")
+    rows = sqlite3.connect(db).execute("select run_name, metrics from metrics").fetchall()
+    keys = {}
+    for run_name, metrics in rows:
+        keys.setdefault(run_name, set()).update(json.loads(metrics))
+    assert sorted(keys) == ["llama0", "qwen1"]  # one trackio run per agent
+    assert all("train/hacpo/capability/llama0" in k or "hacpo/capability/llama0" in k for k in keys.values())
