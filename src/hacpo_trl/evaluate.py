@@ -131,14 +131,9 @@ def _gold_answer(value) -> str:
 
 def load_benchmark(bench: Benchmark):
     """The benchmark as a dataset with conversational ``prompt`` and ``answer`` columns."""
-    from datasets import load_dataset
+    from .tasks import BOXED_INSTRUCTION, load_any_dataset
 
-    from .tasks import BOXED_INSTRUCTION
-
-    if bench.dataset.endswith((".json", ".jsonl")):
-        data = load_dataset("json", data_files=bench.dataset, split="train")
-    else:
-        data = load_dataset(bench.dataset, bench.config, split=bench.split)
+    data = load_any_dataset(bench.dataset, bench.config, bench.split)
 
     def convert(example):
         text = str(example[bench.problem]) + (f" {BOXED_INSTRUCTION}" if bench.instruction else "")

@@ -10,7 +10,7 @@ import random
 
 from datasets import Dataset
 
-__all__ = ["BOXED_INSTRUCTION", "arithmetic_splits", "math_dataset"]
+__all__ = ["BOXED_INSTRUCTION", "arithmetic_splits", "load_any_dataset", "math_dataset"]
 
 BOXED_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 
@@ -37,6 +37,16 @@ def arithmetic_splits(seed: int = 0, max_operand: int = 49, test_size: int = 300
     }
 
 
+def load_any_dataset(name: str, config: str | None = None, split: str = "train") -> Dataset:
+    """A Hub dataset id, a local dataset folder, or a local ``.json``/``.jsonl``/``.csv``/``.parquet`` file."""
+    from datasets import load_dataset
+
+    for suffix, builder in ((".json", "json"), (".jsonl", "json"), (".csv", "csv"), (".parquet", "parquet")):
+        if name.endswith(suffix):
+            return load_dataset(builder, data_files=name, split="train")
+    return load_dataset(name, config, split=split)
+
+
 def math_dataset(
     name: str = "DigitalLearningGmbH/MATH-lighteval",
     split: str = "train",
@@ -47,11 +57,9 @@ def math_dataset(
 ) -> Dataset:
     """The paper's training data: MATH problems with the boxed-answer instruction; the gold answer is the solution's
     last ``\\boxed{}``. ``name`` may also be a local file or folder that ``datasets.load_dataset`` understands."""
-    from datasets import load_dataset
-
     from .rewards import last_boxed
 
-    data = load_dataset(name, config, split=split)
+    data = load_any_dataset(name, config, split)
 
     def convert(example):
         answer = example.get("answer") or last_boxed(example[solution_column]) or example[solution_column]

@@ -144,18 +144,15 @@ def _config_path(argv: list[str]) -> str | None:
 
 
 def _dataset(script_args: HACPOScriptArguments):
-    from .tasks import arithmetic_splits, math_dataset
+    from .tasks import arithmetic_splits, load_any_dataset, math_dataset
 
     if script_args.task == "arithmetic":
         splits = arithmetic_splits()
         return splits["train"], splits["test"]
     if script_args.task == "math":
         return math_dataset(script_args.dataset_name or "DigitalLearningGmbH/MATH-lighteval"), None
-    from datasets import load_dataset
-
-    return load_dataset(
-        script_args.dataset_name, script_args.dataset_config, split=script_args.dataset_train_split
-    ), None
+    data = load_any_dataset(script_args.dataset_name, script_args.dataset_config, script_args.dataset_train_split)
+    return data, None
 
 
 def _evaluate(trainer, test, script_args) -> float | None:
