@@ -51,3 +51,11 @@ def launch():
         return proc
 
     return run
+
+
+@pytest.fixture(scope="session")
+def builtin_cache(tmp_path_factory):
+    """One cache of the built-in demo agents for the whole session (they are built on first use)."""
+    path = tmp_path_factory.mktemp("hacpo_cache")
+    os.environ["HACPO_CACHE"] = str(path)
+    return path

@@ -1,7 +1,6 @@
 """The `hacpo-train` entry point: recipe checks, every shipped recipe and accelerate config, and the CPU demo."""
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -113,13 +112,6 @@ def test_every_accelerate_config_loads(path):
     assert path.read_text().startswith("#"), "each accelerate config starts with a comment saying what it is for"
     config = load_config_from_file(str(path))
     assert config.num_processes >= 2 and config.num_processes % config.num_machines == 0
-
-
-@pytest.fixture(scope="session")
-def builtin_cache(tmp_path_factory):
-    path = tmp_path_factory.mktemp("hacpo_cache")
-    os.environ["HACPO_CACHE"] = str(path)
-    return path
 
 
 def test_demo_trains_two_builtin_agents_end_to_end(tmp_path, builtin_cache):
