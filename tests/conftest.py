@@ -59,3 +59,16 @@ def builtin_cache(tmp_path_factory):
     path = tmp_path_factory.mktemp("hacpo_cache")
     os.environ["HACPO_CACHE"] = str(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def two_agents(tmp_path_factory):
+    """A reference run: llama (char tokenizer) + qwen (byte BPE), one process each, 4 steps, checkpoints every 2.
+
+    Shared by the tests that need an uninterrupted run to compare with (resume, faults)."""
+    out = tmp_path_factory.mktemp("two_agents")
+    proc = accelerate_launch(
+        2, "train_agents.py", "--out", str(out), "--steps", "4", "--save_steps", "2", "--delta", "0.99"
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return out, summaries(out)

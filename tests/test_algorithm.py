@@ -449,3 +449,13 @@ def test_invalid_rows_are_left_out_and_weights_scale():
     # weights multiply each row's objective: -(0.5 * 2 + 2 * 0.405) / 2
     w = hacpo_loss(logps, mask, old, adv, is_peer, omega=omega, weights=torch.tensor([0.5, 2.0]))
     assert w.loss.item() == pytest.approx(-(1.0 + 0.81) / 2, abs=1e-6)
+
+
+def test_all_peer_rows_clipped_still_trains_self_rows():
+    # s = 0.5 for both peer rows: below any band -> no peer gradient, but the self row still learns
+    logps = torch.tensor([[-1.0], [-0.5], [-0.5]], requires_grad=True)
+    old = torch.tensor([-1.0, -0.5 - math.log(0.5), -0.5 - math.log(0.5)])
+    out = hacpo_loss(logps, torch.ones(3, 1), old, torch.tensor([1.0, 1.0, -1.0]), torch.tensor([False, True, True]))
+    out.loss.backward()
+    assert out.peer_clipped_low.tolist() == [False, True, True]
+    assert logps.grad[0].abs().item() > 0 and logps.grad[1:].abs().sum() == 0

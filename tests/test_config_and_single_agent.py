@@ -39,6 +39,7 @@ def test_no_agents_is_one_implicit_agent(tmp_path):
         ([{"name": "a", "overrides": {"temprature": 0.5}}], "cannot override 'temprature'"),
         ([{"name": "a", "overrides": {"output_dir": "x"}}], "set it on the agent itself"),
         ([], "non-empty"),
+        ([{"name": "a", "output_dir": "o"}, {"name": "b", "output_dir": "o"}], "share an `output_dir`"),
     ],
 )
 def test_bad_agents_are_rejected_with_the_key(tmp_path, agents, match):
@@ -51,7 +52,7 @@ def test_bad_agents_are_rejected_with_the_key(tmp_path, agents, match):
     [
         ({"peer_filter": "some"}, "peer_filter"),
         ({"alpha": -1.0}, "alpha"),
-        ({"delta": 1.2}, "delta"),
+        ({"peer_delta": 1.2}, "delta"),
         ({"capability_window": 0}, "window"),
         ({"importance_sampling_level": "token"}, "importance_sampling_level"),
         ({"exchange_timeout": 0}, "exchange_timeout"),
@@ -60,6 +61,35 @@ def test_bad_agents_are_rejected_with_the_key(tmp_path, agents, match):
 def test_bad_hacpo_settings(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         HACPOConfig(output_dir=str(tmp_path), **kwargs, **COMMON)
+
+
+def test_push_to_hub_needs_a_repo_per_agent(tmp_path):
+    agents = [{"name": "a", "hub_model_id": "me/a"}, {"name": "b"}]
+    with pytest.raises(ValueError, match=r"`hub_model_id` for every agent .* missing for \['b'\]"):
+        HACPOConfig(output_dir=str(tmp_path), agents=agents, push_to_hub=True, **COMMON)
+
+
+def test_num_generations_must_divide_the_batch(tmp_path):
+    with pytest.raises(ValueError, match="divisible by num_generations"):
+        HACPOConfig(output_dir=str(tmp_path), num_generations=3, per_device_train_batch_size=4, **COMMON)
+
+
+def test_hacpo_fields_never_shadow_trl_fields_with_another_meaning():
+    """A HACPOConfig field named like a GRPOConfig field would silently change TRL's behaviour (as `delta`, TRL's
+    two-sided ratio clip, once did); only deliberate default changes may share a name."""
+    import dataclasses
+
+    ours = {f.name for f in dataclasses.fields(HACPOConfig)} - {f.name for f in dataclasses.fields(GRPOConfig)}
+    shared = set(HACPOConfig.__dataclass_fields__) & set(GRPOConfig.__dataclass_fields__)
+    overridden = {
+        name
+        for name in shared
+        if HACPOConfig.__dataclass_fields__[name].default != GRPOConfig.__dataclass_fields__[name].default
+    }
+    assert overridden == {"epsilon", "epsilon_high", "importance_sampling_level", "loss_type"}, overridden
+    assert "delta" not in ours and {"peer_delta", "peer_delta_step", "alpha"} <= ours
+    cfg = HACPOConfig(output_dir="unused", **COMMON)
+    assert cfg.delta is None  # TRL's own two-sided clip stays off
 
 
 def test_agent_spec_validation():
@@ -73,9 +103,11 @@ def _digit_share(completions, **kwargs):
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
 
+@pytest.mark.parametrize("share_rollouts", [True, False], ids=["hacpo_loss", "trl_loss"])
 @pytest.mark.parametrize("steps_per_generation", [1, 2])
-def test_one_agent_without_sharing_equals_trl_gspo(tmp_path, steps_per_generation):
-    """`share_rollouts=False` with one agent trains exactly like `GRPOTrainer` with GSPO settings."""
+def test_one_agent_equals_trl_gspo(tmp_path, steps_per_generation, share_rollouts):
+    """One agent (no peers: HACPO's own loss) and `share_rollouts=False` (TRL's loss) both train exactly like
+    `GRPOTrainer` with GSPO settings, through the whole HACPOTrainer pipeline."""
     tok = char_tokenizer()
     dataset = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(4) for b in range(4)]})
     common = dict(
@@ -107,7 +139,7 @@ def test_one_agent_without_sharing_equals_trl_gspo(tmp_path, steps_per_generatio
     )
     trl_trainer.train()
 
-    hacpo_args = HACPOConfig(output_dir=str(tmp_path / "hacpo"), share_rollouts=False, **common)
+    hacpo_args = HACPOConfig(output_dir=str(tmp_path / "hacpo"), share_rollouts=share_rollouts, **common)
     hacpo_trainer = HACPOTrainer(
         model=tiny_llama(tok, seed=5),
         reward_funcs=_digit_share,

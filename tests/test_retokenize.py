@@ -125,17 +125,17 @@ def test_peer_rows_are_built_in_the_learners_view(learner):
         agent="peer",
         global_rank=1,
         step=0,
-        prompt_ids=["p0", "p0", "p1", "p1"],
-        texts=["2", "", "4444444", "x"],
-        rewards=[1.0, 0.0, 1.0, float("nan")],
-        old_mean_logps=[-0.5, -0.7, -0.2, -0.3],
-        num_tokens=[2, 1, 8, 1],
-        terminated=[True, True, False, False],
+        prompt_ids=["p0", "p0", "p1", "p1", "p1"],
+        texts=["2", "", "4444444", "x", "y"],
+        rewards=[1.0, 0.0, 1.0, float("nan"), 1.0],  # row 3: unscorable
+        old_mean_logps=[-0.5, -0.7, -0.2, -0.3, float("-inf")],  # row 4: a broken log-prob
+        num_tokens=[2, 1, 8, 1, 1],
+        terminated=[True, True, False, False, True],
     )
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
     out = learner._add_peer_rows(batch, [peer], ids, rewards, {"peer": [peer]}, 0.0, "train")
 
-    # self rows first, then the 3 usable peer rows (the NaN-reward one is rejected), then 1 padding row so that
+    # self rows first, then the 3 usable peer rows (NaN reward, -inf log-prob: rejected), then 1 padding row so that
     # the 8 rows split into steps_per_generation = 2 equal mini-batches
     assert out["hacpo_is_peer"].tolist() == [False] * 4 + [True] * 4
     assert out["hacpo_valid"].tolist() == [True] * 7 + [False]
@@ -163,3 +163,4 @@ def test_peer_rows_are_built_in_the_learners_view(learner):
     expected_p1 = (torch.tensor([0.0, 0.0, 1.0]) - 1 / 9) / (s1 + 1e-6)
     torch.testing.assert_close(out["advantages"][[2, 3, 6]], expected_p1)
     assert out["advantages"][7] == 0
+    assert learner._metrics["train"]["hacpo/peer_rows_rejected"][-1] == 2  # counted, never propagated

@@ -42,7 +42,7 @@ GOOD = {
                     {"name": "b", "model_name_or_path": "y", "output_dir": "o"},
                 ]
             },
-            "share an output_dir",
+            "share an `output_dir`",
         ),
     ],
 )

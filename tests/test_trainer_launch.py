@@ -23,19 +23,6 @@ def _by_agent(runs: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def two_agents(tmp_path_factory):
-    """llama (char tokenizer) + qwen (byte BPE), one process each, 4 steps, checkpoints every 2."""
-    from conftest import accelerate_launch
-
-    out = tmp_path_factory.mktemp("two_agents")
-    proc = accelerate_launch(
-        2, "train_agents.py", "--out", str(out), "--steps", "4", "--save_steps", "2", "--delta", "0.99"
-    )
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return out, summaries(out)
-
-
 def test_two_heterogeneous_agents_train_and_share(two_agents):
     out, runs = two_agents
     assert [s["agent"] for s in runs] == ["llama0", "qwen1"]

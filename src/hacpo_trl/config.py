@@ -114,6 +114,9 @@ def _as_specs(agents: Any) -> list[AgentSpec]:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"agent name(s) used more than once: {duplicates}")
+    outputs = [os.path.abspath(s.output_dir) for s in specs if s.output_dir]
+    if len(outputs) != len(set(outputs)):
+        raise ValueError("two agents share an `output_dir`; give each agent its own (or leave it unset)")
     return specs
 
 
@@ -139,8 +142,9 @@ class HACPOConfig(GRPOConfig):
         > Collaboration
 
         share_rollouts (`bool`, *optional*, defaults to `True`):
-            Share completions between agents. `False` trains every agent independently with GSPO (the paper's GSPO
-            baseline) while keeping the launch and logging identical.
+            Share completions between agents. `False` trains every agent independently with TRL's own loss (so
+            `loss_type` / `importance_sampling_level` pick GRPO, GSPO, ...: the paper's baselines) while keeping the
+            launch, capability logging and saving identical.
         peer_filter (`str`, *optional*, defaults to `"all"`):
             Which peer completions a learner trains on: `"all"` or `"correct"` (reward > 0). Baselines always use the
             whole joint group.
@@ -171,9 +175,10 @@ class HACPOConfig(GRPOConfig):
             GSPO clip range of self rows (the paper's values; TRL's own defaults are for token-level GRPO).
         alpha (`float`, *optional*, defaults to `1.0`):
             Exponent of the stop-gradient reweighting of peer rows. `0` disables it.
-        delta (`float`, *optional*, defaults to `0.2`):
-            Peer ratio band starts at [1 - delta, 1]. (The paper's Table 5 lists the bound 1 - delta as "δ".)
-        delta_step (`float`, *optional*, defaults to `0.025`):
+        peer_delta (`float`, *optional*, defaults to `0.2`):
+            δ: the peer ratio band starts at [1 - δ, 1]. (The paper's Table 5 lists the bound 1 - δ as "δ".) Not
+            named `delta`: `GRPOConfig.delta` is TRL's unrelated two-sided clip of the ratio.
+        peer_delta_step (`float`, *optional*, defaults to `0.025`):
             The band's lower bound rises by this much per optimizer update on a generation batch. `0`: fixed bound.
         capability_coefficient (`bool`, *optional*, defaults to `True`):
             Multiply peer objectives by ω(j, k). `False`: 1 (ablation).
@@ -215,8 +220,8 @@ class HACPOConfig(GRPOConfig):
     importance_sampling_level: str = field(default="sequence", metadata={"help": "HACPO is sequence-level."})
     loss_type: str = field(default="grpo", metadata={"help": "HACPO aggregates per sequence, like 'grpo'."})
     alpha: float = field(default=1.0, metadata={"help": "Exponent of peer reweighting; 0 disables."})
-    delta: float = field(default=0.2, metadata={"help": "Peer band starts at [1 - delta, 1]."})
-    delta_step: float = field(default=0.025, metadata={"help": "Band tightening per optimizer update."})
+    peer_delta: float = field(default=0.2, metadata={"help": "δ: the peer band starts at [1 - δ, 1]."})
+    peer_delta_step: float = field(default=0.025, metadata={"help": "Band tightening per optimizer update."})
     capability_coefficient: bool = field(default=True, metadata={"help": "ω(j,k) in the peer loss."})
     peer_clipping: bool = field(default=True, metadata={"help": "Clamp peer ratios into the band."})
     naive: bool = field(default=False, metadata={"help": "Naive sharing baseline."})
@@ -225,13 +230,23 @@ class HACPOConfig(GRPOConfig):
 
     def __post_init__(self):
         self._specs = _as_specs(self.agents) if self.agents is not None else None
+        if self.push_to_hub and self._specs and len(self._specs) > 1:
+            missing = [s.name for s in self._specs if not s.hub_model_id]
+            if missing:
+                raise ValueError(
+                    f"`push_to_hub` needs a `hub_model_id` for every agent (each is pushed to its own repository); "
+                    f"missing for {missing}"
+                )
         if self.peer_filter not in ("all", "correct"):
             raise ValueError(f"`peer_filter` must be 'all' or 'correct', got {self.peer_filter!r}")
-        if self.importance_sampling_level != "sequence":
-            raise ValueError("HACPO's ratio is sequence-level: `importance_sampling_level` must be 'sequence'")
+        if self.importance_sampling_level != "sequence" and self.share_rollouts:
+            raise ValueError(
+                "HACPO's ratio is sequence-level: `importance_sampling_level` must be 'sequence' (other levels only "
+                "with `share_rollouts: false`, where each agent trains with TRL's own loss)"
+            )
         if self.exchange_timeout <= 0:
             raise ValueError(f"`exchange_timeout` must be > 0, got {self.exchange_timeout!r}")
-        self.loss_config()  # validates alpha, delta, delta_step, epsilons, ratio_mode, beta
+        self.loss_config()  # validates alpha, peer_delta, peer_delta_step, epsilons, ratio_mode, beta
         CapabilityTracker(["x"], window=self.capability_window, metric=self.capability_metric)  # validates
 
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)
@@ -245,7 +260,7 @@ class HACPOConfig(GRPOConfig):
         self._apply_agent(spec, several=len(specs) > 1)
         super().__post_init__()
         if len(specs) > 1:
-            self._share_run_group(topology)
+            self._agree_with_other_agents(topology)
         if self.naive:
             self.capability_baseline = False
         self.agents = {s.name: dataclasses.asdict(s) for s in specs} if self._specs else None
@@ -265,23 +280,46 @@ class HACPOConfig(GRPOConfig):
                 hint = "set it on the agent itself" if key in _NOT_PER_AGENT else "not a HACPOConfig field"
                 raise ValueError(f"agent {spec.name!r}: cannot override {key!r} ({hint})")
             setattr(self, key, value)
-        if self.push_to_hub and several and not spec.hub_model_id:
-            raise ValueError(
-                f"agent {spec.name!r}: `push_to_hub` needs a `hub_model_id` for every agent (each agent is pushed to "
-                "its own repository)"
-            )
         if several and self.run_name in (None, self.output_dir):
             self.run_name = spec.name
 
-    def _share_run_group(self, topology: AgentTopology) -> None:
-        """One run group for all agents (wandb: one run per agent, grouped), chosen by global rank 0."""
+    def _agree_with_other_agents(self, topology: AgentTopology) -> None:
+        """Before any model loads: every agent must sample and schedule identically (peer log-probs and exchanges
+        only match then), hold whole prompt groups, and share one run group (wandb), chosen by global rank 0."""
         import time
 
         from .exchange import Exchange
 
+        local_generation = self.per_device_train_batch_size * self.steps_per_generation
+        if self.share_rollouts and local_generation % self.num_generations:
+            raise ValueError(
+                f"agent {self.agent_name!r}: per_device_train_batch_size x steps_per_generation = {local_generation} "
+                f"must be a multiple of num_generations = {self.num_generations}, so that each process holds whole "
+                "prompt groups to match with its peers' completions"
+            )
         run = os.path.basename(os.path.normpath(os.path.dirname(self.output_dir) or ".")) or "hacpo"
-        proposal = os.environ.get("WANDB_RUN_GROUP") or f"{run}-{time.strftime('%Y%m%d-%H%M%S')}"
-        os.environ["WANDB_RUN_GROUP"] = Exchange(topology).all_gather(proposal, what="run group")[0]
+        group = os.environ.get("WANDB_RUN_GROUP") or f"{run}-{time.strftime('%Y%m%d-%H%M%S')}"
+        mine = self.shared_settings()
+        everyone = Exchange(topology).all_gather(
+            (self.agent_name, topology.global_rank, mine, group, os.path.abspath(self.output_dir)),
+            what="start-up settings",
+        )
+        for agent, rank, theirs, _, _ in everyone:
+            for key in SHARED_SETTINGS:
+                if theirs.get(key) != mine.get(key):
+                    raise ValueError(
+                        f"`{key}` must be equal for every agent, but agent {self.agent_name!r} has {mine.get(key)!r} "
+                        f"and agent {agent!r} (global rank {rank}) has {theirs.get(key)!r}. Set it once for the run, "
+                        "not per agent (for batch sizes: per_device_train_batch_size x num_processes x "
+                        "steps_per_generation must give the same generation batch)."
+                    )
+        outputs = {}
+        for agent, _, _, _, output in everyone:
+            if outputs.setdefault(output, agent) != agent:
+                raise ValueError(
+                    f"agents {outputs[output]!r} and {agent!r} share the output_dir {output!r}; give each its own"
+                )
+        os.environ["WANDB_RUN_GROUP"] = everyone[0][3]
 
     @property
     def specs(self) -> list[AgentSpec]:
@@ -295,8 +333,8 @@ class HACPOConfig(GRPOConfig):
         return HACPOLossConfig(
             epsilon_low=self.epsilon,
             epsilon_high=self.epsilon_high if self.epsilon_high is not None else self.epsilon,
-            delta=self.delta,
-            delta_step=self.delta_step,
+            delta=self.peer_delta,
+            delta_step=self.peer_delta_step,
             alpha=self.alpha,
             capability_coefficient=self.capability_coefficient,
             peer_clipping=self.peer_clipping,

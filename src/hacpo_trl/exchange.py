@@ -50,8 +50,34 @@ class RolloutBatch:
         return [math.isfinite(r) and math.isfinite(lp) for r, lp in zip(self.rewards, self.old_mean_logps, strict=True)]
 
 
+_SEQUENCE = 0
+
+
 class Exchange:
     """All-gather of picklable objects across every rank of every agent."""
+
+    def _mark_arrival(self, sequence: int) -> None:
+        """Note on the launcher's store that this process reached exchange ``sequence`` (to name the absent)."""
+        store, rank = self.topology.store, self.topology.global_rank
+        if store is None:
+            return
+        try:
+            store.set(f"arrived/{sequence}/{rank}", "1")
+            if sequence > 2:
+                store.delete_key(f"arrived/{sequence - 2}/{rank}")
+        except Exception:  # noqa: BLE001 - bookkeeping only; the collective itself reports real failures
+            pass
+
+    def _absent(self, sequence: int) -> list[str]:
+        store = self.topology.store
+        try:
+            return [
+                self.topology.describe_rank(r)
+                for r in range(self.world_size)
+                if not store.check([f"arrived/{sequence}/{r}"])
+            ]
+        except Exception:  # noqa: BLE001
+            return []
 
     def __init__(self, topology: AgentTopology):
         self.topology = topology
@@ -65,6 +91,10 @@ class Exchange:
         group = self.topology.exchange_group
         if group is None:
             return [obj]
+        global _SEQUENCE
+        _SEQUENCE += 1  # every process makes the same exchanges in the same order
+        sequence = _SEQUENCE
+        self._mark_arrival(sequence)
         payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
         try:
             size = torch.tensor([payload.numel()], dtype=torch.int64)
@@ -76,9 +106,17 @@ class Exchange:
             out = [torch.zeros(longest, dtype=torch.uint8) for _ in range(self.world_size)]
             group.allgather([out], [padded]).wait()
         except Exception as exc:  # gloo raises RuntimeError / DistBackendError on a dead peer or timeout
+            me = self.topology.describe_rank(self.topology.global_rank)
+            failures = self.topology.reported_failures()
+            absent = self._absent(sequence)
+            if failures:
+                cause = "; ".join(failures)
+            elif absent:
+                cause = f"{', '.join(absent)} never reached this exchange (stuck, or killed)"
+            else:
+                cause = "no other process reported an error: one was killed or ran out of memory"
+            cause += f" (exchange_timeout={self.topology.timeout_seconds:g}s)"
             raise ExchangeError(
-                f"{self.topology.describe_rank(self.topology.global_rank)}: exchanging {what} with the other agents "
-                f"failed ({type(exc).__name__}: {exc}). Another agent has probably stopped or crashed; see its log. "
-                f"(exchange_timeout={self.topology.timeout_seconds:g}s)"
+                f"{me}: exchanging {what} with the other agents failed ({type(exc).__name__}). Cause: {cause}"
             ) from exc
         return [pickle.loads(t[: int(s.item())].numpy().tobytes()) for t, s in zip(out, sizes, strict=True)]

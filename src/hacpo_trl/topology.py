@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,6 +47,7 @@ class AgentTopology:
     global_world_size: int
     exchange_group: object | None  # ProcessGroupGloo over the whole launch, None for a single process
     timeout_seconds: float
+    store: object | None = None  # the launcher's store (prefixed), where failures are reported
 
     @property
     def peers(self) -> tuple[str, ...]:
@@ -56,6 +59,43 @@ class AgentTopology:
     def describe_rank(self, global_rank: int) -> str:
         index, start = _slot(self.process_counts, global_rank)
         return f"agent {self.agents[index]!r} (its rank {global_rank - start}, global rank {global_rank})"
+
+    def report_failure(self, message: str) -> None:
+        """Tell every other process why this one is stopping (best effort: the store may be gone)."""
+        if self.store is None:
+            return
+        try:
+            self.store.set(f"failed/{self.global_rank}", f"{self.describe_rank(self.global_rank)} failed: {message}")
+        except Exception:  # noqa: BLE001 - nothing more can be done while failing
+            pass
+
+    def reported_failures(self, wait_seconds: float = 3.0) -> list[str]:
+        """Failures other processes reported, waiting up to ``wait_seconds`` for a first one to arrive."""
+        if self.store is None:
+            return []
+        import time
+
+        keys = [f"failed/{r}" for r in range(self.global_world_size) if r != self.global_rank]
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            try:
+                found = [k for k in keys if self.store.check([k])]
+                if found or time.monotonic() >= deadline:
+                    return [self.store.get(k).decode(errors="replace") for k in found]
+            except Exception:  # noqa: BLE001 - the store itself may have died with the launcher
+                return []
+            time.sleep(0.2)
+
+    def shutdown(self) -> None:
+        """Leave cleanly: wait until every process is done with the exchange group, then tear the worlds down."""
+        global _TOPOLOGY
+        if self.exchange_group is not None:
+            from .exchange import Exchange
+
+            Exchange(self).all_gather(None, what="shutdown")
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        _TOPOLOGY = None
 
 
 def _slot(process_counts: Sequence[int], global_rank: int) -> tuple[int, int]:
@@ -195,6 +235,7 @@ def init_agent_worlds(
         }
     )
     _restrict_cuda_devices(node_local)
+    _report_uncaught_exceptions()
     if backend is None:
         backend = (
             "nccl"
@@ -209,6 +250,43 @@ def init_agent_worlds(
         timeout=timeout,
     )
     _TOPOLOGY = AgentTopology(
-        tuple(names), tuple(counts), name, index, agent_rank, count, global_rank, world_size, exchange, timeout_seconds
+        tuple(names),
+        tuple(counts),
+        name,
+        index,
+        agent_rank,
+        count,
+        global_rank,
+        world_size,
+        exchange,
+        timeout_seconds,
+        store=base,
     )
     return _TOPOLOGY
+
+
+def _report_uncaught_exceptions() -> None:
+    """Make a failing process tell the others why, and make every process say why it stops.
+
+    An uncaught exception is written to the launcher's store (so the other agents name it in their errors) and
+    summarised in one line; when the launcher terminates the remaining processes after a failure, each prints which
+    process failed and why before it exits.
+    """
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        if _TOPOLOGY is not None and not issubclass(kind, KeyboardInterrupt):
+            _TOPOLOGY.report_failure(f"{kind.__name__}: {value}")
+            me = _TOPOLOGY.describe_rank(_TOPOLOGY.global_rank)
+            print(f"hacpo: {me} failed: {kind.__name__}: {value}", file=sys.stderr, flush=True)
+        previous(kind, value, traceback)
+
+    def on_terminate(signum, frame):
+        if _TOPOLOGY is not None:
+            me = _TOPOLOGY.describe_rank(_TOPOLOGY.global_rank)
+            causes = "; ".join(_TOPOLOGY.reported_failures(wait_seconds=1.0)) or "no process reported an error"
+            print(f"hacpo: {me} stopped by the launcher. Cause: {causes}", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+
+    sys.excepthook = hook
+    signal.signal(signal.SIGTERM, on_terminate)

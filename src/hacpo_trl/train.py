@@ -38,6 +38,7 @@ class HACPOScriptArguments:
         dataset_train_split: split to train on.
         reward_funcs: reward names from `hacpo_trl.rewards.REWARD_FUNCS` or import paths.
         eval_samples: held-out problems evaluated before and after training (built-in task only; 0 = skip).
+        eval_every: also evaluate every N optimizer steps, for learning curves in the summary (0 = off).
         plot: write a PNG of every agent's reward and capability curves next to the agents (global rank 0).
     """
 
@@ -47,6 +48,7 @@ class HACPOScriptArguments:
     dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
     reward_funcs: list[str] = field(default_factory=lambda: ["arithmetic_exact"], metadata={"help": "Rewards."})
     eval_samples: int = field(default=300, metadata={"help": "Held-out problems to evaluate before and after."})
+    eval_every: int = field(default=0, metadata={"help": "Also evaluate every N steps (learning curves); 0 = off."})
     plot: bool = field(default=True, metadata={"help": "Write reward and capability curves as a PNG."})
 
 
@@ -117,9 +119,6 @@ def check_recipe(recipe: dict, num_processes: int | None = None) -> None:
         raise RecipeError(
             f"recipe key 'agents': num_processes add up to {total} ({counts}) but the launch has {num_processes}"
         )
-    outputs = [s.output_dir for s in specs if s.output_dir]
-    if len(outputs) != len(set(outputs)):
-        raise RecipeError("recipe key 'agents': two agents share an output_dir; give each its own")
     try:
         get_reward_funcs(recipe.get("reward_funcs", HACPOScriptArguments().reward_funcs))
     except ValueError as exc:
@@ -226,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(script_args, config, reward_funcs) -> int:
     import torch
+    from transformers import TrainerCallback
 
     from .demo import resolve_model
     from .topology import current_topology
@@ -244,20 +244,34 @@ def _run(script_args, config, reward_funcs) -> int:
     train, test = _dataset(script_args)
     trainer = HACPOTrainer(model=model_path, reward_funcs=reward_funcs, args=config, train_dataset=train)
     before = _evaluate(trainer, test, script_args)
+    curve = [] if before is None else [(0, before)]
     if before is not None:
         print(f"[{trainer.agent}] held-out accuracy before training: {before:.3f}", flush=True)
+
+    class LearningCurve(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            every = script_args.eval_every
+            if every and state.global_step % every == 0 and state.global_step < state.max_steps:
+                accuracy = _evaluate(trainer, test, script_args)
+                if accuracy is not None:
+                    curve.append((state.global_step, accuracy))
+
+    trainer.add_callback(LearningCurve())
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     trainer.save_model()
     after = _evaluate(trainer, test, script_args)
     if after is not None:
+        curve.append((trainer.state.global_step, after))
         print(f"[{trainer.agent}] held-out accuracy after training:  {after:.3f}", flush=True)
 
     is_agent_main = trainer.accelerator.process_index == 0
-    report = (trainer.agent, is_agent_main, before, after, trainer.state.log_history, config.output_dir)
+    report = (trainer.agent, is_agent_main, before, after, trainer.state.log_history, config.output_dir, curve)
     reports = [r for r in trainer.exchange.all_gather(report, what="final report") if r[1]]
     if trainer.topology.global_rank == 0:
         root = os.path.commonpath([r[5] for r in reports]) if len(reports) > 1 else config.output_dir
-        summary = {r[0]: {"accuracy_before": r[2], "accuracy_after": r[3], "output_dir": r[5]} for r in reports}
+        summary = {
+            r[0]: {"accuracy_before": r[2], "accuracy_after": r[3], "output_dir": r[5], "curve": r[6]} for r in reports
+        }
         with open(os.path.join(root, "hacpo_summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         print("\nHACPO run finished.")
@@ -271,6 +285,7 @@ def _run(script_args, config, reward_funcs) -> int:
             _plot({r[0]: r[4] for r in reports}, [r[0] for r in reports], png)
             print(f"  curves: {png}")
         print(f"  summary: {os.path.join(root, 'hacpo_summary.json')}", flush=True)
+    trainer.topology.shutdown()  # nobody leaves while another process still uses the exchange group
     return 0
 
 

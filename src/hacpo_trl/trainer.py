@@ -15,8 +15,10 @@ Each agent runs this trainer in its own accelerate world (see :mod:`hacpo_trl.to
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
+import logging
 import math
 import os
 import time
@@ -25,17 +27,19 @@ from typing import Any
 
 import torch
 from transformers import AutoTokenizer
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
 from .algorithm import CapabilityTracker, capability_aware_advantages
-from .config import SHARED_SETTINGS, HACPOConfig
+from .config import HACPOConfig
 from .exchange import Exchange, ExchangeError, RolloutBatch
 from .retokenize import completion_text, peer_completion_ids
 from .topology import current_topology
 
 __all__ = ["HACPOTrainer", "PROMPT_ID_COLUMN"]
+
+logger = logging.getLogger(__name__)
 
 PROMPT_ID_COLUMN = "hacpo_prompt_id"
 STATE_FILE = "hacpo_state.json"
@@ -150,30 +154,6 @@ class HACPOTrainer(GRPOTrainer):
         self._self_on_policy = args.gradient_accumulation_steps % (
             args.steps_per_generation * self.num_iterations
         ) == 0 and not (self.use_vllm and self.vllm_importance_sampling_correction)
-        local_generation = args.per_device_train_batch_size * args.steps_per_generation
-        if len(self.agent_names) > 1 and args.share_rollouts and local_generation % args.num_generations:
-            raise ValueError(
-                f"agent {self.agent!r}: per_device_train_batch_size x steps_per_generation = {local_generation} must be "
-                f"a multiple of num_generations = {args.num_generations}, so that each process holds whole prompt "
-                "groups to match with its peers' completions"
-            )
-        self._check_agents_agree()
-
-    # ------------------------------------------------------------------------------------------ start-up checks
-
-    def _check_agents_agree(self) -> None:
-        """Every agent must sample and schedule identically; otherwise peer log-probs and exchanges do not match."""
-        mine = self.args.shared_settings()
-        everyone = self.exchange.all_gather((self.agent, self.topology.global_rank, mine), what="start-up settings")
-        for agent, rank, theirs in everyone:
-            for key in SHARED_SETTINGS:
-                if theirs.get(key) != mine.get(key):
-                    raise ValueError(
-                        f"`{key}` must be equal for every agent, but agent {self.agent!r} has {mine.get(key)!r} and "
-                        f"agent {agent!r} (global rank {rank}) has {theirs.get(key)!r}. Set it once for the run, not "
-                        "per agent (for batch sizes: per_device_train_batch_size x num_processes x "
-                        "steps_per_generation must give the same generation batch)."
-                    )
 
     # ---------------------------------------------------------------------------------------- capture from TRL
 
@@ -220,7 +200,6 @@ class HACPOTrainer(GRPOTrainer):
         mask = batch["completion_mask"]
         lengths = mask.sum(-1)
         old_logps = self._own_old_logps(batch)
-        batch.pop("old_per_token_logps", None)
         old_mean = ((old_logps * mask).sum(-1) / lengths.clamp(min=1)).float()
         rewards = self._own_rewards(n_self)
         eos_ids = set(self.eos_token_ids)
@@ -312,6 +291,7 @@ class HACPOTrainer(GRPOTrainer):
         args = self.args
         device = batch["completion_ids"].device
         n_self = len(prompt_ids)
+        batch.pop("old_per_token_logps", None)  # HACPO's loss uses per-sequence old log-probs (hacpo_old_mean_logp)
         caps = self.capability.capabilities()
 
         # this process's prompt groups and the learner's own prompt tokens for each
@@ -476,6 +456,8 @@ class HACPOTrainer(GRPOTrainer):
     def _compute_loss(self, model, inputs):
         from .algorithm import hacpo_loss
 
+        if not self.args.share_rollouts:  # an independent baseline: TRL's own objective, untouched
+            return super()._compute_loss(model, inputs)
         mode = "train" if self.model.training else "eval"
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, mask = inputs["completion_ids"], inputs["completion_mask"]
@@ -578,7 +560,7 @@ class HACPOTrainer(GRPOTrainer):
             lines.append("It was trained on its own completions only (no rollout sharing).")
         settings = {
             k: getattr(args, k)
-            for k in ("alpha", "delta", "delta_step", "capability_window", "capability_baseline",
+            for k in ("alpha", "peer_delta", "peer_delta_step", "capability_window", "capability_baseline",
                       "capability_coefficient", "peer_clipping", "naive", "peer_filter", "epsilon", "epsilon_high",
                       "num_generations", "learning_rate", "temperature", "max_completion_length", "beta")
         }  # fmt: skip
@@ -595,7 +577,10 @@ class HACPOTrainer(GRPOTrainer):
         return "\n".join(lines) + "\n"
 
     def _save_checkpoint(self, model, trial):
+        """TRL's checkpoint, then the capability tracker written last and atomically: a checkpoint folder without
+        ``hacpo_state.json`` was interrupted while saving and is never resumed from."""
         super()._save_checkpoint(model, trial)
+        self.accelerator.wait_for_everyone()  # every rank's RNG state is on disk before the folder counts as done
         if self.args.should_save:
             folder = os.path.join(
                 self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
@@ -608,20 +593,49 @@ class HACPOTrainer(GRPOTrainer):
             tmp = os.path.join(folder, STATE_FILE + ".tmp")
             with open(tmp, "w") as f:
                 json.dump(state, f, indent=2)
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, os.path.join(folder, STATE_FILE))
 
+    def _complete_checkpoints(self) -> dict[int, str]:
+        """This agent's checkpoints that finished saving, by step."""
+        found = {}
+        for path in glob.glob(os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-*")):
+            step = path.rsplit("-", 1)[-1]
+            if step.isdigit() and os.path.isfile(os.path.join(path, STATE_FILE)):
+                found[int(step)] = path
+        return found
+
     def train(self, resume_from_checkpoint=None, **kwargs):
+        """As `Trainer.train`; ``resume_from_checkpoint=True`` resumes every agent from the newest step that all
+        agents saved completely (a checkpoint interrupted while saving is skipped, never loaded)."""
+        complete = self._complete_checkpoints()
+        is_main = self.accelerator.process_index == 0
+        everyone = self.exchange.all_gather(
+            (self.agent, is_main, sorted(complete), resume_from_checkpoint), what="checkpoints to resume from"
+        )
         checkpoint = resume_from_checkpoint
-        if checkpoint is True or (isinstance(checkpoint, str) and checkpoint == "last"):
-            checkpoint = get_last_checkpoint(self.args.output_dir)
-            if checkpoint is None:
-                raise ValueError(f"agent {self.agent!r}: no checkpoint found in {self.args.output_dir} to resume from")
+        if checkpoint is True or checkpoint == "last":
+            common = set.intersection(*(set(steps) for _, main, steps, _ in everyone if main))
+            if not common:
+                raise ValueError(
+                    f"agent {self.agent!r}: resume_from_checkpoint=True but no step was saved completely by every "
+                    f"agent (complete steps: { {a: s for a, m, s, _ in everyone if m} })"
+                )
+            step = max(common)
+            newer = [s for s in complete if s > step]
+            if newer:
+                logger.warning(
+                    f"agent {self.agent!r}: resuming from step {step}, not from incomplete or unshared {newer}"
+                )
+            checkpoint = complete[step]
         step = 0
         if checkpoint:
             path = os.path.join(checkpoint, STATE_FILE)
             if not os.path.isfile(path):
                 raise ValueError(
-                    f"agent {self.agent!r}: {checkpoint} has no {STATE_FILE}; it is not a HACPO checkpoint"
+                    f"agent {self.agent!r}: {checkpoint} has no {STATE_FILE}: it is not a HACPO checkpoint, or saving "
+                    "it was interrupted"
                 )
             with open(path) as f:
                 state = json.load(f)

@@ -6,10 +6,13 @@ Each process writes `<out>/summary-<global rank>.json` with what the tests asser
 import argparse
 import json
 import os
+import signal
 import sys
+import time
 
 import torch
 from datasets import Dataset
+from transformers import TrainerCallback
 
 from hacpo_trl import AgentSpec, HACPOConfig, HACPOTrainer
 from hacpo_trl.tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
@@ -26,6 +29,10 @@ parser.add_argument("--steps_per_generation", type=int, default=2)
 parser.add_argument("--delta", type=float, default=0.2)
 parser.add_argument("--override", action="append", default=[], help="i:key=json, a setting for agent i only")
 parser.add_argument("--report_to", default="none")
+parser.add_argument("--fail_reward", type=int, default=-1, help="agent i's reward raises at its 2nd call")
+parser.add_argument("--hang_reward", type=int, default=-1, help="agent i's reward hangs at its 2nd call")
+parser.add_argument("--die_at_step", default="", help="i:step, agent i's process SIGKILLs itself after that step")
+parser.add_argument("--exchange_timeout", type=float, default=120)
 parser.add_argument("--push", action="store_true", help="push every agent to <HF_ENDPOINT>/tester/<agent>")
 parser.add_argument("--other_prompts", type=int, default=-1, help="give agent i a different dataset")
 opts = parser.parse_args()
@@ -73,8 +80,8 @@ args = HACPOConfig(
     save_steps=opts.save_steps or 500,
     share_rollouts=not opts.no_share,
     seed=0,
-    exchange_timeout=120,
-    delta=opts.delta,
+    exchange_timeout=opts.exchange_timeout,
+    peer_delta=opts.delta,
     lr_scheduler_type="constant",
 )
 
@@ -93,11 +100,27 @@ prompts = [[{"role": "user", "content": f"{a + offset}+{b}="}] for a in range(4)
 dataset = Dataset.from_dict({"prompt": prompts, "answer": [str(a + b) for a in range(4) for b in range(4)]})
 
 
+me = [s.name for s in specs].index(args.agent_name)
+calls = []
+
+
 def has_digit(completions, **kwargs):
+    calls.append(1)
+    if len(calls) == 2 and opts.fail_reward == me:
+        raise RuntimeError("reward exploded")
+    if len(calls) == 2 and opts.hang_reward == me:
+        time.sleep(600)
     return [1.0 if any(ch.isdigit() for ch in c[0]["content"]) else 0.0 for c in completions]
 
 
-trainer = HACPOTrainer(model=base, reward_funcs=has_digit, args=args, train_dataset=dataset)
+class DieAt(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        agent, _, step = opts.die_at_step.partition(":")
+        if opts.die_at_step and int(agent) == me and state.global_step == int(step):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+trainer = HACPOTrainer(model=base, reward_funcs=has_digit, args=args, train_dataset=dataset, callbacks=[DieAt()])
 before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 trainer.train(resume_from_checkpoint=True if opts.resume else None)
 after = dict(trainer.model.named_parameters())
@@ -122,3 +145,4 @@ summary = {
 with open(os.path.join(opts.out, f"summary-{trainer.topology.global_rank}.json"), "w") as f:
     json.dump(summary, f, default=str)
 print(f"done {args.agent_name}", file=sys.stderr)
+trainer.topology.shutdown()
