@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -81,6 +82,9 @@ class Exchange:
 
     def __init__(self, topology: AgentTopology):
         self.topology = topology
+        self.last_bytes = 0
+        self.last_wait = 0.0  # seconds waiting for the slowest process to arrive (idle, not exchange cost)
+        self.last_transfer = 0.0  # seconds moving the data once everyone is there
 
     @property
     def world_size(self) -> int:
@@ -99,12 +103,15 @@ class Exchange:
         try:
             size = torch.tensor([payload.numel()], dtype=torch.int64)
             sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
-            group.allgather([sizes], [size]).wait()
+            started = time.perf_counter()
+            group.allgather([sizes], [size]).wait()  # also the point where every process has arrived
+            arrived = time.perf_counter()
             longest = int(max(s.item() for s in sizes))
             padded = torch.zeros(longest, dtype=torch.uint8)
             padded[: payload.numel()] = payload
             out = [torch.zeros(longest, dtype=torch.uint8) for _ in range(self.world_size)]
             group.allgather([out], [padded]).wait()
+            self.last_wait, self.last_transfer = arrived - started, time.perf_counter() - arrived
         except Exception as exc:  # gloo raises RuntimeError / DistBackendError on a dead peer or timeout
             me = self.topology.describe_rank(self.topology.global_rank)
             failures = self.topology.reported_failures()
@@ -119,4 +126,5 @@ class Exchange:
             raise ExchangeError(
                 f"{me}: exchanging {what} with the other agents failed ({type(exc).__name__}). Cause: {cause}"
             ) from exc
+        self.last_bytes = int(sum(s.item() for s in sizes))  # payload this process received, all ranks included
         return [pickle.loads(t[: int(s.item())].numpy().tobytes()) for t, s in zip(out, sizes, strict=True)]

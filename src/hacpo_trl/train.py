@@ -265,12 +265,25 @@ def _run(script_args, config, reward_funcs) -> int:
         print(f"[{trainer.agent}] held-out accuracy after training:  {after:.3f}", flush=True)
 
     is_agent_main = trainer.accelerator.process_index == 0
-    report = (trainer.agent, is_agent_main, before, after, trainer.state.log_history, config.output_dir, curve)
+    if is_agent_main:  # the run's record, next to the agent
+        with open(os.path.join(config.output_dir, "log_history.json"), "w") as f:
+            json.dump(trainer.state.log_history, f)
+    import resource
+
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    report = (trainer.agent, is_agent_main, before, after, trainer.state.log_history, config.output_dir, curve, peak_mb)
     reports = [r for r in trainer.exchange.all_gather(report, what="final report") if r[1]]
     if trainer.topology.global_rank == 0:
         root = os.path.commonpath([r[5] for r in reports]) if len(reports) > 1 else config.output_dir
         summary = {
-            r[0]: {"accuracy_before": r[2], "accuracy_after": r[3], "output_dir": r[5], "curve": r[6]} for r in reports
+            r[0]: {
+                "accuracy_before": r[2],
+                "accuracy_after": r[3],
+                "output_dir": r[5],
+                "curve": r[6],
+                "peak_rss_mb": round(r[7], 1),
+            }
+            for r in reports
         }
         with open(os.path.join(root, "hacpo_summary.json"), "w") as f:
             json.dump(summary, f, indent=2)

@@ -23,10 +23,11 @@ import math
 import os
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
@@ -67,6 +68,19 @@ def _pad_rows(rows: list[torch.Tensor], value: float, side: str, width: int | No
         else:
             out[i, : r.shape[0]] = r
     return out
+
+
+class _OptimizerTimer(TrainerCallback):
+    """Times the optimizer step (between `on_pre_optimizer_step` and `on_optimizer_step`)."""
+
+    def __init__(self, trainer):
+        self.trainer, self.start = trainer, 0.0
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer._metrics["train"]["hacpo/time/optimizer"].append(time.perf_counter() - self.start)
 
 
 class HACPOTrainer(GRPOTrainer):
@@ -148,6 +162,8 @@ class HACPOTrainer(GRPOTrainer):
         )
         self.hacpo_loss_config = args.loss_config()
         self._captured: dict[str, Any] = {}
+        self._prepare_seconds = 0.0
+        self.add_callback(_OptimizerTimer(self))
         # TRL skips old log-probs when a generation batch is used for exactly one update: the self ratio is then 1
         # in value. HACPO keeps that for self rows (so one agent equals TRL's GSPO) and needs old log-probs anyway
         # for the records it shares.
@@ -158,9 +174,36 @@ class HACPOTrainer(GRPOTrainer):
     # ---------------------------------------------------------------------------------------- capture from TRL
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        with self._timed("score"):
+            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._captured = {"completions": completions, "rewards_per_func": rewards_per_func}
         return rewards_per_func
+
+    # ------------------------------------------------------------------- where the time goes (hacpo/time/*)
+
+    @contextmanager
+    def _timed(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - start
+            self._metrics["train" if self.model.training else "eval"][f"hacpo/time/{name}"].append(elapsed)
+            if name == "prepare_inputs":
+                self._prepare_seconds += elapsed
+
+    def _generate(self, prompts):
+        with self._timed("generate"):
+            return super()._generate(prompts)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self._prepare_seconds = 0.0
+        start = time.perf_counter()
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._metrics["train"]["hacpo/time/loss_and_backward"].append(
+            time.perf_counter() - start - self._prepare_seconds
+        )
+        return loss
 
     def _own_rewards(self, local_count: int) -> torch.Tensor:
         """This process's rewards, weighted and summed over reward functions like TRL (NaN = unscorable)."""
@@ -175,6 +218,10 @@ class HACPOTrainer(GRPOTrainer):
     def _own_old_logps(self, batch: dict) -> torch.Tensor:
         if "old_per_token_logps" in batch:
             return batch["old_per_token_logps"]
+        with self._timed("old_logps"):
+            return self._compute_own_old_logps(batch)
+
+    def _compute_own_old_logps(self, batch: dict) -> torch.Tensor:
         prompt_completion = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         logps, _, _ = self._get_per_token_logps_and_entropies(
@@ -352,6 +399,7 @@ class HACPOTrainer(GRPOTrainer):
         # re-tokenize the peer rows we train on
         eos = self._tokenizer.eos_token_id
         kept, truncated, filtered = [], 0, 0
+        retokenize_start = time.perf_counter()
         for (pid, source, text, reward, old_mean, old_len, term), adv in zip(peers, peer_adv.tolist(), strict=True):
             if args.peer_filter == "correct" and not reward > 0:
                 filtered += 1
@@ -364,6 +412,7 @@ class HACPOTrainer(GRPOTrainer):
             valid = not (view.truncated and args.mask_truncated_completions)
             kept.append((pid, source, view.ids, adv, old_mean, old_len, valid))
 
+        retokenize_time = time.perf_counter() - retokenize_start
         n_peer = len(kept)
         n_pad = (-(n_self + n_peer)) % args.steps_per_generation
         width_p = batch["prompt_ids"].shape[1]
@@ -430,10 +479,18 @@ class HACPOTrainer(GRPOTrainer):
         self._metrics[mode]["hacpo/peer_rows_truncated"].append(truncated)
         self._metrics[mode]["hacpo/peer_rows_filtered"].append(filtered)
         self._metrics[mode]["hacpo/exchange_time"].append(exchange_time)
+        self._metrics[mode]["hacpo/time/exchange_transfer"].append(self.exchange.last_transfer)
+        self._metrics[mode]["hacpo/time/exchange_wait"].append(self.exchange.last_wait)
+        self._metrics[mode]["hacpo/exchange_bytes"].append(self.exchange.last_bytes)
+        self._metrics[mode]["hacpo/retokenize_time"].append(retokenize_time)
         return batch
 
     def _prepare_inputs(self, generation_batch):
         """TRL's buffering, but self rows shuffled among themselves and kept before the shuffled peer rows."""
+        with self._timed("prepare_inputs"):
+            return self._prepare_inputs_untimed(generation_batch)
+
+    def _prepare_inputs_untimed(self, generation_batch):
         if not self.model.training:
             batch = self._generate_and_score_completions(generation_batch)
             batch.pop("hacpo_num_self", None)
