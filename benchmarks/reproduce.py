@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import free_port, provenance, write_section  # noqa: E402
+
 AGENTS = ("tiny-llama", "tiny-qwen2")
 PROMPTS_PER_STEP = 8
 
@@ -56,12 +56,6 @@ ABLATIONS: dict[str, dict] = {
 }
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _flags(settings: dict) -> list[str]:
     out = []
     for key, value in settings.items():
@@ -77,7 +71,7 @@ def run_one(name: str, settings: dict, seed: int, steps: int, eval_every: int, o
         return json.loads(summary.read_text())
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", str(ROOT / "accelerate_configs" / "cpu_2agents.yaml"), "--main_process_port", str(_port()),
+        "--config_file", str(ROOT / "accelerate_configs" / "cpu_2agents.yaml"), "--main_process_port", str(free_port()),
         "-m", "hacpo_trl.train", "--config", str(ROOT / "recipes" / "demo_cpu.yaml"),
         "--output_dir", str(folder), "--seed", str(seed), "--max_steps", str(steps), "--plot", "false",
         "--eval_every", str(eval_every), "--logging_steps", "10",
@@ -123,6 +117,45 @@ def _plot(curves: dict[str, dict[str, list]], rollouts: dict[str, int], path: Pa
     plt.close(fig)
 
 
+DIAGNOSTICS = (
+    ("hacpo/peer_kept", "peer rows kept"),
+    ("hacpo/peer_clipped_low", "clipped low (s < lb)"),
+    ("hacpo/peer_clipped_high", "clipped high (s > 1)"),
+    ("hacpo/peer_ratio_mean", "mean peer ratio s"),
+    ("hacpo/self_ratio_mean", "mean self ratio s"),
+)
+
+
+def _diagnostics(out: Path, methods: list[str], seeds: list[int]) -> list[str]:
+    """Why sharing helps or not: what happened to the peer rows, from each run's training log."""
+    lines = [
+        "### What happened to the peer rows (training logs, mean over steps and seeds)",
+        "",
+        "| method | agent | " + " | ".join(label for _, label in DIAGNOSTICS) + " | final P̂ (own) | ω(peer, me) |",
+        "|---|---|" + "---|" * (len(DIAGNOSTICS) + 2),
+    ]
+    for method in methods:
+        for agent in AGENTS:
+            values: dict[str, list[float]] = {key: [] for key, _ in DIAGNOSTICS}
+            caps, omegas = [], []
+            for seed in seeds:
+                path = out / f"{method.replace(' ', '_').replace('/', '')}-seed{seed}" / agent / "log_history.json"
+                if not path.exists():
+                    continue
+                history = json.loads(path.read_text())
+                for key in values:
+                    values[key] += [e[key] for e in history if key in e]
+                caps += [e[f"hacpo/capability/{agent}"] for e in history if f"hacpo/capability/{agent}" in e][-1:]
+                omegas += [v for e in history for k, v in e.items() if k.startswith("hacpo/omega/")]
+            if not any(values.values()):
+                continue
+            cells = [f"{statistics.mean(v):.3f}" if v else "–" for v in values.values()]
+            cap = f"{statistics.mean(caps):.3f}" if caps else "–"
+            omega = f"{statistics.mean(omegas):.2f}" if omegas else "–"
+            lines.append(f"| {method} | {agent} | " + " | ".join(cells) + f" | {cap} | {omega} |")
+    return lines + [""]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 seed, 30 steps, GSPO / Naive / HACPO only")
@@ -149,20 +182,19 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             print(f"[{time.perf_counter() - started:6.0f}s] {name} seed {seed}", flush=True)
             results.setdefault(name, []).append(run_one(name, settings, seed, args.steps, args.eval_every, args.out))
-    elapsed = time.perf_counter() - started
+    # the runs' own wall times (a grid resumed from finished runs still reports what they cost)
+    run_seconds = sum(r.get("_wall_seconds", 0.0) for runs in results.values() for r in runs)
 
     rollouts = {name: per_prompt * PROMPTS_PER_STEP for name, (_, per_prompt, _) in grid.items()}
     curves = {name: {a: [r[a]["curve"] for r in runs] for a in AGENTS} for name, runs in results.items()}
     _plot(curves, rollouts, args.results.parent / "learning_curves.png")
     (args.results.parent / "results.json").write_text(json.dumps(results, indent=2))
 
-    command = "python benchmarks/reproduce.py" + (" --quick" if args.quick else "")
     lines = [
         "## Reproduction in miniature (`benchmarks/reproduce.py`)",
         "",
-        f"Command: `{command}` (seeds {args.seeds}, {args.steps} steps). Machine: {platform.machine()}, "
-        f"{os.cpu_count()} cores, {platform.python_implementation()} {platform.python_version()}, CPU only. "
-        f"Wall time: {elapsed / 60:.1f} min.",
+        provenance("reproduce.py", sys.argv[1:] if argv is None else argv, run_seconds)
+        + f" Seeds {args.seeds}, {args.steps} steps.",
         "",
         "Held-out greedy accuracy (300 problems never trained on) after training, mean ± std over seeds; before "
         "training: "
@@ -178,17 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {name} | {acc} | {per_prompt * PROMPTS_PER_STEP} | {updates} |")
         lines.append("")
     lines += ["![learning curves](learning_curves.png)", ""]
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    marker = "<!-- reproduce -->"
-    existing = args.results.read_text() if args.results.exists() else "# Benchmark results\n\n"
-    block = f"{marker}\n" + "\n".join(lines) + f"\n{marker}\n"
-    if marker in existing:
-        head, _, rest = existing.partition(marker)
-        _, _, tail = rest.partition(marker)
-        existing = head + block + tail.lstrip("\n")
-    else:
-        existing += "\n" + block
-    args.results.write_text(existing)
+    lines += _diagnostics(args.out, [name for name in results if name not in ("GRPO", "GSPO", "GSPO×2")], args.seeds)
+    write_section(args.results, "reproduce", lines)
     print("\n".join(lines))
     return 0
 

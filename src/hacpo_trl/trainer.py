@@ -10,7 +10,11 @@ Each agent runs this trainer in its own accelerate world (see :mod:`hacpo_trl.to
 * ``_prepare_inputs``: shuffle self and peer rows separately and keep self rows first, so that the stepwise peer
   bound sees peer rows in the later updates of a generation batch, as in the paper;
 * ``_compute_loss``: the HACPO loss of :func:`hacpo_trl.algorithm.hacpo_loss`;
-* ``_save_checkpoint`` / ``train``: the capability tracker is saved in every checkpoint and restored on resume.
+* ``_save_checkpoint`` / ``train``: the capability tracker is saved in every checkpoint and restored on resume;
+  resume picks the newest step that every agent saved completely.
+
+``_generate``, ``_calculate_rewards`` and ``training_step`` are wrapped only to time them (``hacpo/time/*``); with
+``share_rollouts=False`` the loss is TRL's own, so the baselines are exactly TRL's GRPO / GSPO.
 """
 
 from __future__ import annotations
