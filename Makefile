@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # The exact pin matters: a bare `torch` or an open range can pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test lint format clean demo
+.PHONY: install test lint format clean demo reproduce overhead
 
 install: $(BIN)/activate
 	$(BIN)/pip install --upgrade pip
@@ -20,6 +20,14 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(BIN)/accelerate launch --config_file accelerate_configs/cpu_2agents.yaml \
 		-m hacpo_trl.train --config recipes/demo_cpu.yaml
+
+# Table 1 and the ablations in miniature on CPU (about 15-20 min) -> benchmarks/RESULTS.md
+reproduce: $(VENV)/.installed
+	$(BIN)/python benchmarks/reproduce.py
+
+# Per-step cost of collaboration for 2-4 agents and G = 4, 8, 16 -> benchmarks/RESULTS.md
+overhead: $(VENV)/.installed
+	$(BIN)/python benchmarks/overhead.py
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)

@@ -129,3 +129,8 @@ def test_hacpo_eval_cli_writes_json_and_markdown(tmp_path):
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert bad.returncode == 2 and "unknown benchmark 'mmlu'" in bad.stderr
+    no_vllm = subprocess.run(
+        [sys.executable, "-m", "hacpo_trl.evaluate", "--model", str(tmp_path / "agent"), "--backend", "vllm"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert no_vllm.returncode == 2 and "--backend vllm needs vLLM" in no_vllm.stderr

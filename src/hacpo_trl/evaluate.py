@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-__all__ = ["EvalResult", "evaluate_model"]
+__all__ = ["EvalResult", "evaluate_model", "evaluate_with_vllm"]
 
 
 @dataclass
@@ -24,6 +24,45 @@ class EvalResult:
 
     def as_dict(self) -> dict:
         return {"avg@k": self.avg_at_k, "best@k": self.best_at_k, "k": self.k, "n": self.n}
+
+
+def _check_sampling(k: int, temperature: float) -> None:
+    if k < 1:
+        raise ValueError(f"`k` must be >= 1, got {k}")
+    if k > 1 and temperature <= 0:
+        raise ValueError("avg@k / best@k with k > 1 need sampling: set `temperature` > 0")
+
+
+def _prompt_ids(tokenizer, row: dict, chat_template_kwargs: dict | None) -> list[int]:
+    """The agent's own view of a prompt: its chat template for conversations, plain tokens for strings."""
+    if isinstance(row["prompt"], list):
+        return list(
+            tokenizer.apply_chat_template(
+                row["prompt"],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+                **(chat_template_kwargs or {}),
+            )["input_ids"]
+        )
+    return list(tokenizer(row["prompt"])["input_ids"])
+
+
+def _score(reward_func: Callable, rows: list[dict], texts: list[str], k: int) -> torch.Tensor:
+    """Rewards of ``k`` completions per row (completions ordered row by row), shape (len(rows), k)."""
+    columns = {key: [r[key] for r in rows for _ in range(k)] for key in rows[0] if key != "prompt"}
+    rewards = reward_func(completions=texts, **columns)
+    return torch.tensor(rewards, dtype=torch.float).view(len(rows), k)
+
+
+def _result(scores: torch.Tensor) -> EvalResult:
+    correct = scores > 0
+    return EvalResult(
+        avg_at_k=float(correct.float().mean()),
+        best_at_k=float(correct.any(dim=1).float().mean()),
+        k=scores.shape[1],
+        n=scores.shape[0],
+    )
 
 
 @torch.no_grad()
@@ -42,10 +81,7 @@ def evaluate_model(
     desc: str = "eval",
 ) -> EvalResult:
     """Score ``model`` on ``dataset`` (columns ``prompt`` and what ``reward_func`` needs, e.g. ``answer``)."""
-    if k < 1:
-        raise ValueError(f"`k` must be >= 1, got {k}")
-    if k > 1 and temperature <= 0:
-        raise ValueError("avg@k / best@k with k > 1 need sampling: set `temperature` > 0")
+    _check_sampling(k, temperature)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -53,16 +89,9 @@ def evaluate_model(
     scores = torch.zeros(len(rows), k)
     for start in tqdm(range(0, len(rows), batch_size), disable=not progress, desc=desc):
         chunk = rows[start : start + batch_size]
-        prompts = [
-            tokenizer.apply_chat_template(
-                r["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True, **(chat_template_kwargs or {})
-            )["input_ids"]
-            if isinstance(r["prompt"], list)
-            else tokenizer(r["prompt"])["input_ids"]
-            for r in chunk
-        ]
+        prompts = [_prompt_ids(tokenizer, r, chat_template_kwargs) for r in chunk]
         width = max(len(p) for p in prompts)
-        ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + list(p) for p in prompts], device=device)
+        ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts], device=device)
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         out = model.generate(
             input_ids=ids.repeat_interleave(k, 0),
@@ -76,17 +105,37 @@ def evaluate_model(
             eos_token_id=tokenizer.eos_token_id,
         )
         texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-        columns = {key: [r[key] for r in chunk for _ in range(k)] for key in chunk[0] if key != "prompt"}
-        rewards = reward_func(completions=texts, **columns)
-        scores[start : start + len(chunk)] = torch.tensor(rewards, dtype=torch.float).view(len(chunk), k)
+        scores[start : start + len(chunk)] = _score(reward_func, chunk, texts, k)
     model.train(was_training)
-    correct = scores > 0
-    return EvalResult(
-        avg_at_k=float(correct.float().mean()),
-        best_at_k=float(correct.any(dim=1).float().mean()),
-        k=k,
-        n=len(rows),
+    return _result(scores)
+
+
+def evaluate_with_vllm(
+    model_path: str,
+    tokenizer,
+    dataset,
+    reward_func: Callable,
+    *,
+    k: int = 1,
+    temperature: float = 0.0,
+    max_new_tokens: int = 4096,
+    chat_template_kwargs: dict | None = None,
+    **llm_kwargs,
+) -> EvalResult:
+    """As :func:`evaluate_model`, generating with vLLM (GPU; ``pip install hacpo-trl[vllm]``). Not run by our CI."""
+    _check_sampling(k, temperature)
+    try:
+        from vllm import LLM, SamplingParams
+    except ImportError as exc:
+        raise ImportError("`--backend vllm` needs vLLM: pip install 'hacpo-trl[vllm]' (GPU only)") from exc
+    rows = list(dataset)
+    llm = LLM(model=model_path, **llm_kwargs)
+    params = SamplingParams(n=k, temperature=max(temperature, 0.0), max_tokens=max_new_tokens)
+    outputs = llm.generate(
+        [{"prompt_token_ids": _prompt_ids(tokenizer, r, chat_template_kwargs)} for r in rows], params
     )
+    texts = [c.text for o in outputs for c in o.outputs]
+    return _result(_score(reward_func, rows, texts, k))
 
 
 # ------------------------------------------------------------------------------------------- benchmarks
@@ -179,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_new_tokens", type=int, default=4096)
     parser.add_argument("--limit", type=int, default=None, help="evaluate the first N problems only")
     parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="generate with transformers or vLLM")
     parser.add_argument(
         "--chat_template_kwargs", type=json.loads, default=None, help="e.g. '{\"enable_thinking\": false}'"
     )
@@ -194,13 +244,18 @@ def main(argv: list[str] | None = None) -> int:
         benches[os.path.basename(args.dataset.rstrip("/"))] = Benchmark(
             args.dataset, args.split, args.problem_column, args.answer_column
         )
+    if args.backend == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            parser.error("--backend vllm needs vLLM: pip install 'hacpo-trl[vllm]' (GPU only)")
     for path in args.model:
         if not os.path.isdir(path):
             parser.error(f"--model {path!r} is not a folder with a trained agent")
 
     results: dict[str, dict[str, dict]] = {}
     for path in args.model:
-        model = AutoModelForCausalLM.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path) if args.backend == "hf" else None
         tok = AutoTokenizer.from_pretrained(path, padding_side="left")
         name = os.path.basename(os.path.normpath(path))
         results[name] = {}
@@ -211,19 +266,23 @@ def main(argv: list[str] | None = None) -> int:
                 data, reward, max_new = load_benchmark(bench), math_verify_boxed, args.max_new_tokens
             if args.limit:
                 data = data.select(range(min(args.limit, len(data))))
-            result = evaluate_model(
-                model,
-                tok,
-                data,
-                reward,
-                k=args.k,
-                temperature=args.temperature,
-                max_new_tokens=max_new,
-                batch_size=args.batch_size,
-                chat_template_kwargs=args.chat_template_kwargs,
-                progress=True,
-                desc=f"{name} / {bench_name}",
-            )
+            sampling = dict(k=args.k, temperature=args.temperature, max_new_tokens=max_new)
+            if args.backend == "vllm":
+                result = evaluate_with_vllm(
+                    path, tok, data, reward, chat_template_kwargs=args.chat_template_kwargs, **sampling
+                )
+            else:
+                result = evaluate_model(
+                    model,
+                    tok,
+                    data,
+                    reward,
+                    batch_size=args.batch_size,
+                    chat_template_kwargs=args.chat_template_kwargs,
+                    progress=True,
+                    desc=f"{name} / {bench_name}",
+                    **sampling,
+                )
             results[name][bench_name] = result.as_dict()
             print(f"{name} / {bench_name}: avg@{args.k} {result.avg_at_k:.3f}  best@{args.k} {result.best_at_k:.3f}")
     os.makedirs(args.output_dir, exist_ok=True)
