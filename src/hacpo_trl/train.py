@@ -303,7 +303,10 @@ def _run(script_args, config, reward_funcs) -> int:
 
 
 def cli() -> None:
-    sys.exit(main())
+    code = main()
+    from .topology import exit_process
+
+    exit_process(code)
 
 
 if __name__ == "__main__":

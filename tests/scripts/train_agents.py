@@ -16,6 +16,7 @@ from transformers import TrainerCallback
 
 from hacpo_trl import AgentSpec, HACPOConfig, HACPOTrainer
 from hacpo_trl.tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
+from hacpo_trl.topology import exit_process
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--agents", default="llama:1,qwen:1", help="kind:num_processes[:lora], in launch order")
@@ -146,3 +147,4 @@ with open(os.path.join(opts.out, f"summary-{trainer.topology.global_rank}.json")
     json.dump(summary, f, default=str)
 print(f"done {args.agent_name}", file=sys.stderr)
 trainer.topology.shutdown()
+exit_process(0)
