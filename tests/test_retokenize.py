@@ -98,7 +98,8 @@ def learner(tmp_path_factory):
     return trainer
 
 
-def test_peer_rows_are_built_in_the_learners_view(learner):
+def _learner_batch(learner):
+    """The learner's own batch of 2 prompts x 2 completions plus one peer's records, as the trainer builds it."""
     # the learner's own batch: 2 prompts x 2 completions, prompts under the learner's chat template
     msgs = [{"role": "user", "content": "1+1="}]
     prompt = CHAR.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
@@ -134,6 +135,11 @@ def test_peer_rows_are_built_in_the_learners_view(learner):
     )
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
     out = learner._add_peer_rows(batch, [peer], ids, rewards, {"peer": [peer]}, 0.0, "train")
+    return out, prompt, other
+
+
+def test_peer_rows_are_built_in_the_learners_view(learner):
+    out, prompt, other = _learner_batch(learner)
 
     # self rows first, then the 3 usable peer rows (NaN reward, -inf log-prob: rejected), then 1 padding row so that
     # the 8 rows split into steps_per_generation = 2 equal mini-batches
@@ -164,3 +170,42 @@ def test_peer_rows_are_built_in_the_learners_view(learner):
     torch.testing.assert_close(out["advantages"][[2, 3, 6]], expected_p1)
     assert out["advantages"][7] == 0
     assert learner._metrics["train"]["hacpo/peer_rows_rejected"][-1] == 2  # counted, never propagated
+
+
+@pytest.mark.parametrize("update_index", [0, 1])
+def test_clipped_peer_rows_skip_backward_without_changing_loss_or_gradient(learner, update_index):
+    """Peer rows outside the band are scored without gradient and left out of the backward pass; the loss and every
+    gradient are the same as with one forward + backward over all rows."""
+    import math
+
+    batch, _, _ = _learner_batch(learner)
+    model = learner.model
+    model.train()
+    learner.current_gradient_accumulation_steps = 1
+    learner._step = update_index  # steps_per_generation = 2, GA = 1: m = update_index
+    peer_rows = batch["hacpo_is_peer"] & batch["hacpo_valid"]
+    with torch.no_grad():
+        logps = learner._row_logps(model, batch, peer_rows)
+        mask = batch["completion_mask"][peer_rows]
+        current = (logps * mask).sum(-1) / mask.sum(-1)
+    # one peer row inside the band (s = 0.9), one above it (s = 1.5), one far below (s = e^-3)
+    batch["hacpo_old_mean_logp"][peer_rows] = current - torch.tensor([math.log(0.9), math.log(1.5), -3.0])
+    batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, 0.7, -0.3, 0.0])
+    params = [p for p in model.parameters() if p.requires_grad]
+    results = {}
+    for skip in (False, True):
+        learner.args.skip_clipped_peer_backward = skip
+        learner._metrics["train"].clear()
+        loss = learner._compute_loss(model, batch)
+        results[skip] = (loss.detach(), torch.autograd.grad(loss, params), dict(learner._metrics["train"]))
+    learner.args.skip_clipped_peer_backward = True
+    torch.testing.assert_close(results[True][0], results[False][0], rtol=1e-5, atol=1e-7)
+    for a, b in zip(results[True][1], results[False][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+    assert any(g.abs().sum() > 0 for g in results[True][1])
+    # 2 of the 8 rows (the peer rows outside the band) had no backward pass; the metrics still count them
+    assert results[True][2]["hacpo/backward_rows_fraction"] == [6 / 8]
+    assert results[False][2]["hacpo/backward_rows_fraction"] == [1.0]
+    for key in ("hacpo/peer_clipped_low", "hacpo/peer_clipped_high", "hacpo/peer_ratio_mean"):
+        assert results[True][2][key] == pytest.approx(results[False][2][key], rel=1e-5)
+    assert results[True][2]["hacpo/peer_clipped_high"] == [pytest.approx(1 / 3)]

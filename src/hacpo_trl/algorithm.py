@@ -537,6 +537,8 @@ def hacpo_loss(
     ref_logps: torch.Tensor | None = None,
     valid: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
+    outside_rows: int = 0,
+    outside_objective: float = 0.0,
     config: HACPOLossConfig | None = None,
 ) -> LossOutput:
     """The HACPO loss of one mini-batch of learner k: −mean over rows of the per-row objective -- Eq. (10)/(50).
@@ -553,6 +555,9 @@ def hacpo_loss(
         valid: (B,) bool; rows marked False (padding rows, unscorable rows) contribute nothing and are left out of
             the mean. They may have empty masks. Default: every row counts.
         weights: (B,) non-negative per-row factor on the objective (e.g. a vLLM importance-sampling correction).
+        outside_rows, outside_objective: rows of the same mini-batch left out of this call because their objective is
+            a constant (peer rows already known to be outside the band: no gradient), and the sum of their
+            objectives; the mean then runs over ``valid rows + outside_rows`` exactly as if they were here.
 
     Aggregation is per sequence then mean over (valid) sequences (the official ``seq-mean-token-mean``). The
     optional KL is the token mean per self row, averaged over self rows, times β. With no peer rows and ``beta=0`` the loss and
@@ -611,7 +616,9 @@ def hacpo_loss(
         _check_finite("weights", weights)
         objective = objective * weights.to(objective.dtype)
     objective = objective.masked_fill(~valid, 0.0)
-    loss = -objective.sum() / valid.sum().clamp(min=1)
+    if outside_rows < 0:
+        raise ValueError(f"`outside_rows` must be >= 0, got {outside_rows}")
+    loss = -(objective.sum() + outside_objective) / (valid.sum() + outside_rows).clamp(min=1)
 
     kl = None
     own = ~is_peer & valid

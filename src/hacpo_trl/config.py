@@ -192,6 +192,10 @@ class HACPOConfig(GRPOConfig):
             log-likelihoods (not in the paper).
         max_abs_log_ratio (`float`, *optional*, defaults to `10.0`):
             Clamp of the log sequence ratio before `exp`.
+        skip_clipped_peer_backward (`bool`, *optional*, defaults to `True`):
+            Score each mini-batch's peer rows in a forward pass without gradient first, and run forward + backward
+            only on the rows that can have a gradient: peer rows outside the band cost one cheap forward instead
+            of a backward. The loss and its gradient are unchanged (up to float rounding).
     """
 
     _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["agents"]
@@ -227,6 +231,9 @@ class HACPOConfig(GRPOConfig):
     naive: bool = field(default=False, metadata={"help": "Naive sharing baseline."})
     ratio_mode: str = field(default="mean", metadata={"help": "'mean' or 'sum' sequence log-probs."})
     max_abs_log_ratio: float = field(default=10.0, metadata={"help": "Clamp of log ratios."})
+    skip_clipped_peer_backward: bool = field(
+        default=True, metadata={"help": "Score peer rows without gradient first; no backward for clipped ones."}
+    )
 
     def __post_init__(self):
         self._specs = _as_specs(self.agents) if self.agents is not None else None

@@ -514,75 +514,149 @@ class HACPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------------------------------------- loss
 
-    def _compute_loss(self, model, inputs):
-        from .algorithm import hacpo_loss
-
-        if not self.args.share_rollouts:  # an independent baseline: TRL's own objective, untouched
-            return super()._compute_loss(model, inputs)
-        mode = "train" if self.model.training else "eval"
-        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
-        completion_ids, mask = inputs["completion_ids"], inputs["completion_mask"]
+    def _row_logps(self, model, inputs, rows: torch.Tensor) -> torch.Tensor:
+        """Per-token log-probs of the completions of some rows of a mini-batch (all columns kept, so every row is
+        computed exactly as in the full batch)."""
+        prompt_ids, prompt_mask = inputs["prompt_ids"][rows], inputs["prompt_mask"][rows]
+        completion_ids, mask = inputs["completion_ids"][rows], inputs["completion_mask"][rows]
         logps, _, _ = self._get_per_token_logps_and_entropies(
             model,
             torch.cat([prompt_ids, completion_ids], dim=1),
             torch.cat([prompt_mask, mask], dim=1),
             completion_ids.size(1),
         )
-        is_peer = inputs["hacpo_is_peer"]
-        valid = inputs["hacpo_valid"]
-        old_mean = inputs["hacpo_old_mean_logp"].to(logps.dtype)
-        if self._self_on_policy or mode == "eval":
-            with torch.no_grad():
-                current = (logps * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-            old_mean = torch.where(is_peer, old_mean, current.detach())
-        weights = None
-        if "importance_sampling_ratio" in inputs:
-            ratio = inputs["importance_sampling_ratio"]
-            if ratio.dim() == 2 and ratio.shape[1] > 1:
-                ratio = (ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-            weights = torch.where(is_peer, torch.ones_like(ratio.reshape(-1)), ratio.reshape(-1))
+        return logps
+
+    def _clipped_peer_rows(self, model, inputs, update_index: int):
+        """Peer rows whose ratio is outside the band now: they get no gradient, so they need no backward pass.
+
+        One forward without gradient scores every peer row; the returned mask marks the rows to leave out of the
+        gradient pass, with their (constant) objective and ratio. Returns None when nothing can be left out.
+        """
+        from .algorithm import peer_objective, sequence_log_ratio, stepwise_lower_bound
+
+        cfg = self.hacpo_loss_config
+        candidates = inputs["hacpo_is_peer"] & inputs["hacpo_valid"]
+        if cfg.naive or not cfg.peer_clipping or not self.args.skip_clipped_peer_backward or not candidates.any():
+            return None
+        with torch.no_grad():
+            logps = self._row_logps(model, inputs, candidates)
+            log_s = sequence_log_ratio(
+                logps,
+                inputs["completion_mask"][candidates],
+                inputs["hacpo_old_mean_logp"][candidates].to(logps.dtype),
+                inputs["hacpo_old_len"][candidates],
+                mode=cfg.ratio_mode,
+                max_abs_log_ratio=cfg.max_abs_log_ratio,
+            )
+            ratio = log_s.exp()
+            bound = stepwise_lower_bound(update_index, cfg.delta, cfg.delta_step)
+            outside = (ratio < bound) | (ratio > 1.0)
+            if not outside.any():
+                return None
+            omega = inputs["hacpo_omega"][candidates].to(ratio.dtype)
+            coefficient = omega if cfg.capability_coefficient else torch.ones_like(omega)
+            objective = peer_objective(
+                ratio, inputs["advantages"][candidates].to(ratio.dtype), coefficient, bound, cfg.alpha
+            )
+        rows = torch.nonzero(candidates).flatten()[outside]
+        dropped = torch.zeros_like(candidates)
+        dropped[rows] = True
+        full_ratio = torch.zeros(candidates.shape[0], dtype=ratio.dtype, device=ratio.device)
+        full_ratio[rows] = ratio[outside]
+        return dropped, float(objective[outside].sum()), full_ratio, bound
+
+    def _compute_loss(self, model, inputs):
+        from .algorithm import hacpo_loss
+
+        if not self.args.share_rollouts:  # an independent baseline: TRL's own objective, untouched
+            return super()._compute_loss(model, inputs)
+        mode = "train" if self.model.training else "eval"
         if mode == "train":
             update_index = (self._step % (self.args.steps_per_generation * self.num_iterations)) // max(
                 self.current_gradient_accumulation_steps, 1
             )
         else:
             update_index = 0
+        is_peer, valid = inputs["hacpo_is_peer"], inputs["hacpo_valid"]
+        clipped = self._clipped_peer_rows(model, inputs, update_index) if mode == "train" else None
+        keep = torch.ones_like(is_peer) if clipped is None else ~clipped[0]
+        if not keep.any():  # every row is a clipped peer row: a zero-gradient pass keeps DDP's ranks in step
+            keep = torch.zeros_like(is_peer)
+            keep[0] = True
+        rows = keep.nonzero().flatten()
+        logps = self._row_logps(model, inputs, keep)
+        mask = inputs["completion_mask"][rows]
+        sub_peer = is_peer[rows]
+        sub_valid = valid[rows] & (clipped is None or ~clipped[0][rows])
+        old_mean = inputs["hacpo_old_mean_logp"][rows].to(logps.dtype)
+        if self._self_on_policy or mode == "eval":
+            with torch.no_grad():
+                current = (logps * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+            old_mean = torch.where(sub_peer, old_mean, current.detach())
+        weights = None
+        if "importance_sampling_ratio" in inputs:
+            ratio = inputs["importance_sampling_ratio"][rows]
+            if ratio.dim() == 2 and ratio.shape[1] > 1:
+                ratio = (ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+            weights = torch.where(sub_peer, torch.ones_like(ratio.reshape(-1)), ratio.reshape(-1))
+        ref = inputs.get("ref_per_token_logps")
         out = hacpo_loss(
             logps,
             mask,
             old_mean,
-            inputs["advantages"],
-            is_peer,
+            inputs["advantages"][rows],
+            sub_peer,
             update_index=update_index,
-            omega=inputs["hacpo_omega"],
-            old_lengths=inputs["hacpo_old_len"],
-            ref_logps=inputs.get("ref_per_token_logps"),
-            valid=valid,
+            omega=inputs["hacpo_omega"][rows],
+            old_lengths=inputs["hacpo_old_len"][rows],
+            ref_logps=None if ref is None else ref[rows],
+            valid=sub_valid,
             weights=weights,
+            outside_rows=0 if clipped is None else int(clipped[0].sum()),
+            outside_objective=0.0 if clipped is None else clipped[1],
             config=self.hacpo_loss_config,
         )
-        self._log_loss_metrics(out, is_peer & valid, ~is_peer & valid, mode)
+        # metrics over the whole mini-batch, the rows left out of the gradient pass included
+        ratio = torch.zeros(is_peer.shape[0], dtype=out.ratio.dtype, device=out.ratio.device)
+        ratio[rows] = out.ratio
+        low = torch.zeros_like(is_peer)
+        high = torch.zeros_like(is_peer)
+        self_clipped = torch.zeros_like(is_peer)
+        low[rows], high[rows], self_clipped[rows] = out.peer_clipped_low, out.peer_clipped_high, out.self_clipped
+        if clipped is not None:
+            dropped, _, dropped_ratio, bound = clipped
+            ratio = torch.where(dropped, dropped_ratio.to(ratio.dtype), ratio)
+            low |= dropped & (dropped_ratio < bound)
+            high |= dropped & (dropped_ratio > 1.0)
+        self._log_loss_metrics(
+            ratio, low, high, self_clipped, out, is_peer & valid, ~is_peer & valid, mode, int(keep.sum())
+        )
         loss = out.loss
         if mode == "train":
             loss = loss / self.current_gradient_accumulation_steps
         return loss
 
-    def _log_loss_metrics(self, out, peer, own, mode) -> None:
-        r = out.ratio
+    def _log_loss_metrics(self, r, low_mask, high_mask, self_clip_mask, out, peer, own, mode, grad_rows) -> None:
         stats = torch.stack(
             [
                 (r * own).sum(),
                 own.sum(),
                 (r * peer).sum(),
                 peer.sum(),
-                (out.peer_clipped_low & peer).sum(),
-                (out.peer_clipped_high & peer).sum(),
-                (out.self_clipped & own).sum(),
+                (low_mask & peer).sum(),
+                (high_mask & peer).sum(),
+                (self_clip_mask & own).sum(),
+                torch.tensor(float(grad_rows), device=r.device),
+                torch.tensor(float(r.shape[0]), device=r.device),
             ]
         ).float()
-        s_own, n_own, s_peer, n_peer, low, high, self_clip = self.accelerator.gather(stats).view(-1, 7).sum(0).tolist()
+        s_own, n_own, s_peer, n_peer, low, high, self_clip, grad_rows, rows = (
+            self.accelerator.gather(stats).view(-1, 9).sum(0).tolist()
+        )
         metrics = self._metrics[mode]
         metrics["hacpo/lower_bound"].append(out.lower_bound)
+        metrics["hacpo/backward_rows_fraction"].append(grad_rows / max(rows, 1))
         if n_own:
             metrics["hacpo/self_ratio_mean"].append(s_own / n_own)
             metrics["clip_ratio/region_mean"].append(self_clip / n_own)
