@@ -1,11 +1,13 @@
 """Faults provoked for real in multi-process runs: a raising agent, a stuck agent, a killed process, a checkpoint
 truncated while saving. Every launch is bounded by a subprocess timeout, so a hang fails the test."""
 
+import os
 import shutil
 
 import pytest
 
 from conftest import summaries
+from hacpo_trl.trainer import complete_checkpoints, prune_checkpoints
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -34,14 +36,16 @@ def test_a_stuck_agent_makes_the_others_fail_after_the_exchange_timeout(tmp_path
 def test_killed_run_and_truncated_checkpoint_resume_to_the_same_result(two_agents, tmp_path, launch):
     _, reference = two_agents
     out = tmp_path / "run"
-    common = ("train_agents.py", "--out", str(out), "--save_steps", "2", "--delta", "0.99")
-    # qwen1's process is SIGKILLed after step 3: the launch fails. llama0 needs no exchange for step 4 and may
-    # still save checkpoint-4; qwen1 never does. Both have a complete checkpoint-2.
-    proc = launch(2, *common, "--steps", "4", "--die_at_step", "1:3", timeout=180, expect_ok=False)
+    common = ("train_agents.py", "--out", str(out), "--save_steps", "2", "--delta", "0.99", "--save_total_limit", "1")
+    # qwen1's process is SIGKILLed halfway through saving checkpoint-4 (weights written, the rest not): the launch
+    # fails. llama0 may complete its checkpoint-4, but with save_total_limit=1 it must not delete checkpoint-2
+    # before every agent has completed step 4, or the agents would share no step to resume from.
+    proc = launch(2, *common, "--steps", "4", "--die_while_saving", "1:4", timeout=180, expect_ok=False)
     assert proc.returncode != 0
     for agent in ("llama0", "qwen1"):
         assert (out / agent / "checkpoint-2" / "hacpo_state.json").is_file()
-    assert not (out / "qwen1" / "checkpoint-4").exists()
+    assert (out / "qwen1" / "checkpoint-4" / "model.safetensors").is_file()
+    assert not (out / "qwen1" / "checkpoint-4" / "hacpo_state.json").exists()
     # and a crash while llama0 saved a later checkpoint: files truncated, no hacpo_state.json
     broken = out / "llama0" / "checkpoint-6"
     shutil.copytree(out / "llama0" / "checkpoint-2", broken)
@@ -51,6 +55,12 @@ def test_killed_run_and_truncated_checkpoint_resume_to_the_same_result(two_agent
     # resume: both agents continue from step 2 (the newest step every agent saved completely) to step 4
     launch(2, *common, "--steps", "4", "--resume", timeout=300)
     resumed = summaries(out)
+    # save_total_limit counts complete checkpoints: step 4 is kept, step 2 is gone, the newer broken folder untouched
+    for agent in ("llama0", "qwen1"):
+        assert sorted(p.name for p in (out / agent).glob("checkpoint-*")) == (
+            ["checkpoint-4", "checkpoint-6"] if agent == "llama0" else ["checkpoint-4"]
+        )
+        assert (out / agent / "checkpoint-4" / "hacpo_state.json").is_file()
     for ref, res in zip(reference, resumed, strict=True):
         assert res["global_step"] == 4
         assert res["capability"] == ref["capability"]
@@ -59,3 +69,24 @@ def test_killed_run_and_truncated_checkpoint_resume_to_the_same_result(two_agent
         at3 = [e for e in res["log_history"] if e.get("step") == 3 and "loss" in e]
         ref3 = [e for e in ref["log_history"] if e.get("step") == 3 and "loss" in e]
         assert at3 and at3[0]["loss"] == pytest.approx(ref3[0]["loss"], rel=1e-5, abs=1e-7)
+
+
+def test_save_total_limit_counts_only_complete_checkpoints(tmp_path):
+    def folder(step, complete):
+        path = tmp_path / f"checkpoint-{step}"
+        path.mkdir()
+        (path / "model.safetensors").write_bytes(b"x")
+        if complete:
+            (path / "hacpo_state.json").write_text("{}")
+
+    # 2, 4, 8 complete; 6 interrupted while saving; 10 is being written by a newer save
+    for step, complete in ((2, True), (4, True), (6, False), (8, True), (10, False)):
+        folder(step, complete)
+    (tmp_path / "checkpoint-best").mkdir()  # not a step: never touched
+    deleted = prune_checkpoints(str(tmp_path), limit=2, keep=str(tmp_path / "checkpoint-2"))
+    assert sorted(os.path.basename(p) for p in deleted) == ["checkpoint-6"]
+    assert sorted(complete_checkpoints(str(tmp_path))) == [2, 4, 8]
+    deleted = prune_checkpoints(str(tmp_path), limit=1)
+    assert sorted(os.path.basename(p) for p in deleted) == ["checkpoint-2", "checkpoint-4"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10", "checkpoint-8", "checkpoint-best"]
+    assert prune_checkpoints(str(tmp_path / "missing"), limit=1) == []

@@ -37,6 +37,8 @@ SHARED_SETTINGS = (
     "peer_filter",
     "capability_window",
     "capability_metric",
+    "save_strategy",  # agents checkpoint together, so that resuming finds a step every agent saved
+    "save_steps",
 )
 
 # Fields an agent may not override: they define the run, not the agent.

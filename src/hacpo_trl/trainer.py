@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -61,6 +62,37 @@ def with_prompt_ids(dataset):
     if dataset is None or PROMPT_ID_COLUMN in (dataset.column_names or []):
         return dataset
     return dataset.map(_prompt_id, with_indices=True)
+
+
+def complete_checkpoints(run_dir: str) -> dict[int, str]:
+    """The checkpoints in ``run_dir`` that finished saving (they hold ``hacpo_state.json``), by step."""
+    found = {}
+    for path in glob.glob(os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-*")):
+        step = path.rsplit("-", 1)[-1]
+        if step.isdigit() and os.path.isfile(os.path.join(path, STATE_FILE)):
+            found[int(step)] = path
+    return found
+
+
+def prune_checkpoints(run_dir: str, limit: int, keep: str | None = None) -> list[str]:
+    """``save_total_limit`` counted in complete checkpoints only: keep the newest ``limit`` complete ones (and
+    ``keep``, the best model's), delete older ones and any folder left incomplete before the newest complete one.
+    Folders newer than the newest complete checkpoint are left alone. Returns the deleted paths."""
+    complete = complete_checkpoints(run_dir)
+    if limit < 1 or not complete:
+        return []
+    kept = {complete[s] for s in sorted(complete)[-limit:]}
+    newest = max(complete)
+    deleted = []
+    for path in sorted(glob.glob(os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-*"))):
+        step = path.rsplit("-", 1)[-1]
+        if not step.isdigit() or int(step) >= newest or path in kept:
+            continue
+        if keep and os.path.abspath(path) == os.path.abspath(keep):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        deleted.append(path)
+    return deleted
 
 
 def _pad_rows(rows: list[torch.Tensor], value: float, side: str, width: int | None = None) -> torch.Tensor:
@@ -713,13 +745,18 @@ class HACPOTrainer(GRPOTrainer):
 
     def _save_checkpoint(self, model, trial):
         """TRL's checkpoint, then the capability tracker written last and atomically: a checkpoint folder without
-        ``hacpo_state.json`` was interrupted while saving and is never resumed from."""
-        super()._save_checkpoint(model, trial)
+        ``hacpo_state.json`` was interrupted while saving and is never resumed from. ``save_total_limit`` is applied
+        here, not inside TRL's save, and only once every agent has completed this step's checkpoint: a crash while
+        any agent saves leaves every agent the previous step to resume from."""
+        limit, self.args.save_total_limit = self.args.save_total_limit, None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
         self.accelerator.wait_for_everyone()  # every rank's RNG state is on disk before the folder counts as done
+        run_dir = self._get_output_dir(trial=trial)
         if self.args.should_save:
-            folder = os.path.join(
-                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            )
+            folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             state = {
                 "agent": self.agent,
                 "global_step": self.state.global_step,
@@ -731,15 +768,13 @@ class HACPOTrainer(GRPOTrainer):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, os.path.join(folder, STATE_FILE))
+        self.exchange.all_gather((self.agent, self.state.global_step), what="checkpoint saved by every agent")
+        if limit and self.args.should_save:
+            prune_checkpoints(run_dir, limit, keep=self.state.best_model_checkpoint)
 
     def _complete_checkpoints(self) -> dict[int, str]:
         """This agent's checkpoints that finished saving, by step."""
-        found = {}
-        for path in glob.glob(os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-*")):
-            step = path.rsplit("-", 1)[-1]
-            if step.isdigit() and os.path.isfile(os.path.join(path, STATE_FILE)):
-                found[int(step)] = path
-        return found
+        return complete_checkpoints(self.args.output_dir)
 
     def train(self, resume_from_checkpoint=None, **kwargs):
         """As `Trainer.train`; ``resume_from_checkpoint=True`` resumes every agent from the newest step that all

@@ -33,6 +33,8 @@ parser.add_argument("--report_to", default="none")
 parser.add_argument("--fail_reward", type=int, default=-1, help="agent i's reward raises at its 2nd call")
 parser.add_argument("--hang_reward", type=int, default=-1, help="agent i's reward hangs at its 2nd call")
 parser.add_argument("--die_at_step", default="", help="i:step, agent i's process SIGKILLs itself after that step")
+parser.add_argument("--die_while_saving", default="", help="i:step, agent i is SIGKILLed halfway through that save")
+parser.add_argument("--save_total_limit", type=int, default=None)
 parser.add_argument("--exchange_timeout", type=float, default=120)
 parser.add_argument("--push", action="store_true", help="push every agent to <HF_ENDPOINT>/tester/<agent>")
 parser.add_argument("--other_prompts", type=int, default=-1, help="give agent i a different dataset")
@@ -79,6 +81,7 @@ args = HACPOConfig(
     gradient_checkpointing=False,
     save_strategy="steps" if opts.save_steps else "no",
     save_steps=opts.save_steps or 500,
+    save_total_limit=opts.save_total_limit,
     share_rollouts=not opts.no_share,
     seed=0,
     exchange_timeout=opts.exchange_timeout,
@@ -122,6 +125,15 @@ class DieAt(TrainerCallback):
 
 
 trainer = HACPOTrainer(model=base, reward_funcs=has_digit, args=args, train_dataset=dataset, callbacks=[DieAt()])
+if opts.die_while_saving and int(opts.die_while_saving.split(":")[0]) == me:
+    save_rng_state = trainer._save_rng_state  # runs after the weights and optimizer are written, before the rest
+
+    def dying_save_rng_state(output_dir):
+        if trainer.state.global_step == int(opts.die_while_saving.split(":")[1]):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return save_rng_state(output_dir)
+
+    trainer._save_rng_state = dying_save_rng_state
 before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 trainer.train(resume_from_checkpoint=True if opts.resume else None)
 after = dict(trainer.model.named_parameters())
