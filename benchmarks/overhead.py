@@ -148,6 +148,22 @@ def main(argv: list[str] | None = None) -> int:
             f"| {avg(hacpo, 'peer_rows') / (8 * g):.2f} | {avg(hacpo, 'peer_kept'):.2f} "
             f"| {avg(hacpo, 'bytes') / 1024:.1f} | {avg(hacpo, 'peak_rss_mb'):.0f} |"
         )
+    names = {"old_logps": "old log-probs", "exchange_wait": "waiting for peers", "retokenize_time": "re-tokenize",
+             "exchange_transfer": "exchange transfer", "loss_and_backward": "loss+backward"}  # fmt: skip
+    lines += [
+        "",
+        "Where a HACPO step's time goes, as shares of the step. Scoring the peer rows under the learner happens in "
+        "*loss+backward* (a no-grad forward for the rows the band drops). *old log-probs* is the forward HACPO adds "
+        "only when TRL has not computed the generator's log-probs itself; here TRL has (two updates per generation "
+        "batch), and that forward is in *other*, with data collation, logging and the trainer loop.",
+        "",
+        "| n | G | " + " | ".join(names.get(part, part) for part in PARTS) + " | other |",
+        "|---|---|" + "---|" * (len(PARTS) + 1),
+    ]
+    for n, g, hacpo, _ in rows:
+        step_h = avg(hacpo, "step_time")
+        shares = [avg(hacpo, "times", part) / step_h for part in PARTS]
+        lines.append(f"| {n} | {g} | " + " | ".join(f"{s:.1%}" for s in shares) + f" | {1 - sum(shares):.1%} |")
     lines += [
         "",
         "Shares are of a HACPO optimizer step (work done once per generation batch is spread over its "

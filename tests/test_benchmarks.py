@@ -31,4 +31,6 @@ def test_reproduce_and_overhead_write_their_sections(tmp_path, builtin_cache):
         assert re.search(rf"### {agent}\n\n\| method .*\n\|---.*\n\| GSPO \| 0\.\d+ \| 64 \| 1 \|", text)
         assert re.search(r"\| HACPO \| 0\.\d+ \| 64 \| 2 \|", text)
     assert re.search(r"\| 2 \| 4 \| \d+\.\d+ \| \d+\.\d+ \| \d+\.\d+ \| \d+\.\d+% \|", text)
+    # where the time goes: generation, scoring, old log-probs, re-tokenize, exchange, wait, backward, optimizer, other
+    assert re.search(r"\| 2 \| 4 \| (-?\d+\.\d%) \|( -?\d+\.\d% \|){8}\n", text)
     assert (tmp_path / "learning_curves.png").stat().st_size > 10_000
