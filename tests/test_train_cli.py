@@ -115,27 +115,20 @@ def test_every_accelerate_config_loads(path):
 
 
 def test_demo_trains_two_builtin_agents_end_to_end(tmp_path, builtin_cache):
-    """The CPU demo, shortened: built-in agents built, trained with HACPO, evaluated, saved, plotted."""
+    """The CPU demo as `make demo` runs it (120 steps, 300 held-out problems): built-in agents built, trained with
+    HACPO, evaluated, saved, plotted, and both agents' held-out accuracy rises."""
     out = tmp_path / "demo"
     proc = accelerate_launch(
-        2,
-        "-m",
-        "hacpo_trl.train",
-        "--config",
-        str(ROOT / "recipes" / "demo_cpu.yaml"),
-        "--output_dir",
-        str(out),
-        "--max_steps",
-        "4",
-        "--eval_samples",
-        "40",
+        2, "-m", "hacpo_trl.train", "--config", str(ROOT / "recipes" / "demo_cpu.yaml"), "--output_dir", str(out),
         timeout=600,
-    )
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-5000:]
     summary = json.loads((out / "hacpo_summary.json").read_text())
     assert sorted(summary) == ["tiny-llama", "tiny-qwen2"]
     for agent, info in summary.items():
         assert 0 <= info["accuracy_before"] <= 1 and 0 <= info["accuracy_after"] <= 1
+        # README: 0.500 -> 0.743 and 0.133 -> 0.220 on our machine; a smaller margin leaves room for other CPUs
+        assert info["accuracy_after"] >= info["accuracy_before"] + 0.05, (agent, info)
         model = AutoModelForCausalLM.from_pretrained(out / agent)
         AutoTokenizer.from_pretrained(out / agent)
         assert type(model).__name__ == ("LlamaForCausalLM" if agent == "tiny-llama" else "Qwen2ForCausalLM")
