@@ -444,6 +444,8 @@ def test_invalid_rows_are_left_out_and_weights_scale():
         logps, empty, torch.tensor([-1.1, float("nan")]), adv, is_peer, omega=omega, valid=torch.tensor([True, False])
     )
     assert out.loss.item() == pytest.approx(-2.0, abs=1e-6)
+    # an invalid peer row is neither kept nor clipped: it is not counted at all
+    assert out.peer_clipped_low.tolist() == [False, False] and out.peer_clipped_high.tolist() == [False, False]
     out.loss.backward()
     assert logps.grad[1].abs().sum() == 0
     # weights multiply each row's objective: -(0.5 * 2 + 2 * 0.405) / 2

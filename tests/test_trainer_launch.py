@@ -49,6 +49,28 @@ def test_two_heterogeneous_agents_train_and_share(two_agents):
             assert a * b == pytest.approx(1.0, rel=1e-6)
 
 
+def test_logged_metrics_are_consistent(two_agents):
+    """The per-agent metrics a user reads (README "Metrics"), checked for values, not just presence."""
+    _, runs = two_agents
+    llama, qwen = runs
+    for s in runs:
+        # m counts the updates made on a generation batch: 8 own rows, then 8 peer rows at m = 1 (δ = 0.99, step 0.025)
+        assert _metric(s, "hacpo/lower_bound") == pytest.approx([0.01, 0.035, 0.01, 0.035])
+        low, high, kept = (_metric(s, f"hacpo/peer_{k}") for k in ("clipped_low", "clipped_high", "kept"))
+        assert len(kept) == 2  # one peer update per generation batch
+        for lo, hi, k in zip(low, high, kept, strict=True):
+            assert 0 <= lo <= 1 and 0 <= hi <= 1 and 0 <= k <= 1 and lo + hi + k == pytest.approx(1.0)
+        assert all(r > 0 for r in _metric(s, "hacpo/peer_ratio_mean"))
+        assert _metric(s, "hacpo/self_ratio_mean") == pytest.approx([1.0, 1.0], abs=1e-5)  # own rows, on-policy
+        assert len(_metric(s, "hacpo/exchange_time")) == 2 and all(x > 0 for x in _metric(s, "hacpo/exchange_time"))
+        assert all(x > 0 for x in _metric(s, "step_time"))
+    # each agent's batch reward is exchanged: both logs hold the same values for both agents
+    for agent in ("llama0", "qwen1"):
+        key = f"hacpo/reward/{agent}"
+        assert len(_metric(llama, key)) == 2 and _metric(llama, key) == _metric(qwen, key)
+        assert all(0 <= r <= 1 for r in _metric(llama, key))
+
+
 def test_each_agent_saves_a_standalone_model(two_agents):
     out, runs = two_agents
     for s in runs:

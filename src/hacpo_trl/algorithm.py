@@ -636,7 +636,7 @@ def hacpo_loss(
             loss = loss + config.beta * kl.mean()
 
     r = ratio.detach()
-    banded = is_peer if (config.peer_clipping and not config.naive) else torch.zeros_like(is_peer)
+    banded = (is_peer & valid) if (config.peer_clipping and not config.naive) else torch.zeros_like(is_peer)
     clipped_low = banded & (r < lower_bound)
     clipped_high = banded & (r > 1.0)
     self_clipped = own & ((r < 1 - config.epsilon_low) | (r > 1 + config.epsilon_high))

@@ -658,9 +658,10 @@ class HACPOTrainer(GRPOTrainer):
         low[rows], high[rows], self_clipped[rows] = out.peer_clipped_low, out.peer_clipped_high, out.self_clipped
         if clipped is not None:
             dropped, _, dropped_ratio, bound = clipped
+            # a dropped row's flags come from its ratio alone (the one kept for a zero-gradient pass is also in `out`)
             ratio = torch.where(dropped, dropped_ratio.to(ratio.dtype), ratio)
-            low |= dropped & (dropped_ratio < bound)
-            high |= dropped & (dropped_ratio > 1.0)
+            low = torch.where(dropped, dropped_ratio < bound, low)
+            high = torch.where(dropped, dropped_ratio > 1.0, high)
         self._log_loss_metrics(
             ratio, low, high, self_clipped, out, is_peer & valid, ~is_peer & valid, mode, int(keep.sum())
         )
