@@ -119,6 +119,20 @@ def test_two_agents_with_two_processes_each(tmp_path, launch):
     assert runs["llama0"][0]["param_sum"] != runs["qwen1"][0]["param_sum"]
 
 
+def test_same_architecture_agents_never_average_gradients(tmp_path, launch):
+    """The trap of one accelerate world for all ranks: DDP would silently average two same-architecture agents'
+    gradients and keep them identical. Same model, same initial weights, same seed, different prompts (sharing off):
+    in their own worlds they must end up different."""
+    launch(2, "train_agents.py", "--agents", "llama:1,llama:1", "--no_share", "--other_prompts", "1",
+           "--out", str(tmp_path), "--steps", "6")  # fmt: skip
+    a, b = summaries(tmp_path)
+    assert a["agent_world"] == b["agent_world"] == 1
+    # both learn (6 steps: the first groups have uniform rewards, so zero advantages); one world would move both by
+    # the same averaged gradient and keep them equal
+    assert a["trainable_changed"] == a["trainable"] and b["trainable_changed"] == b["trainable"]
+    assert a["param_sum"] != pytest.approx(b["param_sum"], rel=1e-9, abs=0)
+
+
 def test_three_agents_lora_and_full_finetuning(tmp_path, launch):
     # 4 steps = 2 generation batches: LoRA's zero-initialised B must move before A can receive a gradient
     launch(3, "train_agents.py", "--agents", "llama:1,qwen:1:lora,llama:1", "--out", str(tmp_path), "--steps", "4")
