@@ -74,6 +74,17 @@ def test_num_generations_must_divide_the_batch(tmp_path):
         HACPOConfig(output_dir=str(tmp_path), num_generations=3, per_device_train_batch_size=4, **COMMON)
 
 
+def test_each_process_must_hold_whole_prompt_groups_to_share(tmp_path):
+    """TRL only checks the generation batch of the agent's whole world; sharing matches peers' completions prompt by
+    prompt inside each process, so HACPO checks each process's share (before talking to any other agent)."""
+    cfg = HACPOConfig(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=4, **COMMON)
+    cfg.per_device_train_batch_size = 1  # as on an agent of 4 processes: TRL sees 4 x 1 row, a whole group
+    with pytest.raises(
+        ValueError, match=r"per_device_train_batch_size x steps_per_generation = 1 .* num_generations = 4"
+    ):
+        cfg._agree_with_other_agents(topology=None)
+
+
 def test_hacpo_fields_never_shadow_trl_fields_with_another_meaning():
     """A HACPOConfig field named like a GRPOConfig field would silently change TRL's behaviour (as `delta`, TRL's
     two-sided ratio clip, once did); only deliberate default changes may share a name."""

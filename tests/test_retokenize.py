@@ -209,3 +209,24 @@ def test_clipped_peer_rows_skip_backward_without_changing_loss_or_gradient(learn
     for key in ("hacpo/peer_clipped_low", "hacpo/peer_clipped_high", "hacpo/peer_ratio_mean"):
         assert results[True][2][key] == pytest.approx(results[False][2][key], rel=1e-5)
     assert results[True][2]["hacpo/peer_clipped_high"] == [pytest.approx(1 / 3)]
+
+
+def test_peer_filter_correct_keeps_only_rewarded_peer_rows(learner):
+    learner.args.peer_filter = "correct"
+    try:
+        learner._metrics["train"].clear()
+        out, _, _ = _learner_batch(learner)
+    finally:
+        learner.args.peer_filter = "all"
+    # of the 5 peer records only "2" and "4444444" are usable and correct ("x" and "y" are unusable, "" is wrong)
+    assert out["hacpo_is_peer"].tolist() == [False] * 4 + [True] * 2
+    eos = CHAR.eos_token_id
+    completions = [out["completion_ids"][r][out["completion_mask"][r].bool()].tolist() for r in (4, 5)]
+    assert completions == [
+        CHAR("2", add_special_tokens=False)["input_ids"] + [eos],
+        [CHAR.convert_tokens_to_ids("4")] * 5,
+    ]
+    metrics = learner._metrics["train"]
+    assert metrics["hacpo/peer_rows"][-1] == 2
+    assert metrics["hacpo/peer_rows_filtered"][-1] == 1  # the 0.0 reward
+    assert metrics["hacpo/peer_rows_rejected"][-1] == 2  # NaN reward and -inf log-prob: rejected before filtering
