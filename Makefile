@@ -21,7 +21,7 @@ demo: $(VENV)/.installed
 	$(BIN)/accelerate launch --config_file accelerate_configs/cpu_2agents.yaml \
 		-m hacpo_trl.train --config recipes/demo_cpu.yaml
 
-# Table 1 and the ablations in miniature on CPU (13 min on 2 cores) -> benchmarks/RESULTS.md
+# Table 1 and the ablations in miniature on CPU (9-13 min on 2 cores) -> benchmarks/RESULTS.md
 reproduce: $(VENV)/.installed
 	$(BIN)/python benchmarks/reproduce.py
 
