@@ -21,4 +21,16 @@ def test_notebook_runs(path, tmp_path, monkeypatch, builtin_cache):
         o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"
     ]
     assert not errors
-    assert any(c.cell_type == "code" and c.get("outputs") for c in notebook.cells)
+    printed = "".join(o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    # what each notebook promises its reader: both agents trained, saved as loadable models, and reported
+    if path.stem == "quickstart":
+        run, agents = tmp_path / "quickstart", ["tiny-llama", "tiny-qwen2"]
+        assert (run / "hacpo_curves.png").stat().st_size > 10_000
+        for agent in agents:
+            assert f"{agent:12s} held-out accuracy" in printed and f"{agent} ->" in printed
+    else:
+        run, agents = tmp_path / "custom" / "run", ["char-llama", "bpe-qwen"]
+        for agent in agents:
+            assert printed.count(f"{agent:10s} ") == 2  # before and after
+    for agent in agents:
+        assert (run / agent / "config.json").is_file() and (run / agent / "model.safetensors").is_file()

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -137,3 +138,16 @@ def test_demo_trains_two_builtin_agents_end_to_end(tmp_path, builtin_cache):
     assert (out / "hacpo_curves.png").stat().st_size > 10_000
     assert "held-out accuracy before training" in proc.stdout
     assert str(out / "tiny-llama") in proc.stdout
+
+
+def test_builtin_agents_rebuild_identically_from_their_seed(tmp_path, builtin_cache):
+    """The demo's agents are not shipped: every machine builds them from a seed, and must get the same weights."""
+    from safetensors.torch import load_file
+
+    from hacpo_trl.demo import build_agent
+
+    cached = Path(build_agent("tiny-qwen2"))  # the session's cache (built by the demo test, or now)
+    fresh = Path(build_agent("tiny-qwen2", str(tmp_path / "fresh")))
+    assert cached != fresh
+    a, b = load_file(cached / "model.safetensors"), load_file(fresh / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
