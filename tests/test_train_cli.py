@@ -45,6 +45,16 @@ GOOD = {
             },
             "share an `output_dir`",
         ),
+        (
+            {  # b's default folder is <output_dir>/b, the folder a names explicitly
+                "output_dir": "runs",
+                "agents": [
+                    {"name": "a", "model_name_or_path": "x", "output_dir": "runs/b"},
+                    {"name": "b", "model_name_or_path": "y"},
+                ],
+            },
+            r"agents 'a' and 'b' would both save to .*runs/b; give each its own `output_dir`",
+        ),
     ],
 )
 def test_bad_recipes_name_the_key(change, match):

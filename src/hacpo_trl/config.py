@@ -87,6 +87,15 @@ class AgentSpec:
             raise ValueError(f"agent {self.name!r}: `lora` must be a mapping of LoraConfig arguments or null")
 
 
+def agent_output_dir(spec: AgentSpec, run_output_dir: str | None, several: bool) -> str | None:
+    """Where an agent saves: its own `output_dir`, else `<run output_dir>/<name>` when the run has several agents."""
+    if spec.output_dir:
+        return spec.output_dir
+    if several:
+        return os.path.join(run_output_dir or "hacpo_output", spec.name)
+    return run_output_dir
+
+
 def _as_specs(agents: Any) -> list[AgentSpec]:
     if isinstance(agents, str):
         agents = json.loads(agents)
@@ -275,10 +284,7 @@ class HACPOConfig(GRPOConfig):
         self.agents = {s.name: dataclasses.asdict(s) for s in specs} if self._specs else None
 
     def _apply_agent(self, spec: AgentSpec, several: bool) -> None:
-        if spec.output_dir:
-            self.output_dir = spec.output_dir
-        elif several:
-            self.output_dir = os.path.join(self.output_dir or "hacpo_output", spec.name)
+        self.output_dir = agent_output_dir(spec, self.output_dir, several)
         for name in ("learning_rate", "hub_model_id", "chat_template_kwargs", "model_init_kwargs"):
             value = getattr(spec, name)
             if value is not None:

@@ -95,7 +95,7 @@ def check_recipe(recipe: dict, num_processes: int | None = None) -> None:
 
     Raises :class:`RecipeError` naming the first problem.
     """
-    from .config import AgentSpec, _as_specs
+    from .config import AgentSpec, _as_specs, agent_output_dir
     from .rewards import get_reward_funcs
 
     valid = _field_names() | {"env"}
@@ -113,6 +113,15 @@ def check_recipe(recipe: dict, num_processes: int | None = None) -> None:
     for spec in specs:
         if not spec.model_name_or_path:
             raise RecipeError(f"recipe key 'agents.{spec.name}.model_name_or_path' is missing")
+    resolved: dict[str, str] = {}
+    for spec in specs:
+        folder = os.path.abspath(agent_output_dir(spec, recipe.get("output_dir"), len(specs) > 1) or ".")
+        if folder in resolved:
+            raise RecipeError(
+                f"recipe key 'agents': agents {resolved[folder]!r} and {spec.name!r} would both save to {folder}; "
+                "give each its own `output_dir`"
+            )
+        resolved[folder] = spec.name
     total = sum(s.num_processes for s in specs)
     if num_processes is not None and total != num_processes:
         counts = ", ".join(f"{s.name}: {s.num_processes}" for s in specs)
