@@ -71,6 +71,17 @@ def test_killed_run_and_truncated_checkpoint_resume_to_the_same_result(two_agent
         assert at3 and at3[0]["loss"] == pytest.approx(ref3[0]["loss"], rel=1e-5, abs=1e-7)
 
 
+def test_agents_resuming_from_different_steps_are_refused(two_agents, tmp_path, launch):
+    reference, _ = two_agents
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    proc = launch(2, "train_agents.py", "--out", str(out), "--steps", "6", "--resume_step", "0:2", "--resume_step",
+                  "1:4", timeout=180, expect_ok=False)  # fmt: skip
+    assert proc.returncode != 0
+    assert "agents would resume from different steps: [('llama0', 2), ('qwen1', 4)]" in proc.stderr
+    assert not list(out.glob("checkpoint-6")) and not list(out.glob("*/checkpoint-6"))
+
+
 def test_save_total_limit_counts_only_complete_checkpoints(tmp_path):
     def folder(step, complete):
         path = tmp_path / f"checkpoint-{step}"

@@ -25,6 +25,7 @@ parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--no_share", action="store_true")
 parser.add_argument("--save_steps", type=int, default=0)
 parser.add_argument("--resume", action="store_true")
+parser.add_argument("--resume_step", action="append", default=[], help="i:step, agent i resumes from checkpoint-<step>")
 parser.add_argument("--generation_batch", type=int, default=8)
 parser.add_argument("--steps_per_generation", type=int, default=2)
 parser.add_argument("--delta", type=float, default=0.2)
@@ -135,7 +136,9 @@ if opts.die_while_saving and int(opts.die_while_saving.split(":")[0]) == me:
 
     trainer._save_rng_state = dying_save_rng_state
 before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-trainer.train(resume_from_checkpoint=True if opts.resume else None)
+steps = {int(i): s for i, s in (x.split(":") for x in opts.resume_step)}
+resume = os.path.join(args.output_dir, f"checkpoint-{steps[me]}") if me in steps else (True if opts.resume else None)
+trainer.train(resume_from_checkpoint=resume)
 after = dict(trainer.model.named_parameters())
 trainable = [n for n, p in after.items() if p.requires_grad]
 frozen = [n for n, p in after.items() if not p.requires_grad]
