@@ -64,14 +64,19 @@ def with_prompt_ids(dataset):
     return dataset.map(_prompt_id, with_indices=True)
 
 
-def complete_checkpoints(run_dir: str) -> dict[int, str]:
-    """The checkpoints in ``run_dir`` that finished saving (they hold ``hacpo_state.json``), by step."""
+def _checkpoints(run_dir: str) -> dict[int, str]:
+    """Every ``checkpoint-<step>`` folder in ``run_dir``, complete or not, by step."""
     found = {}
     for path in glob.glob(os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-*")):
         step = path.rsplit("-", 1)[-1]
-        if step.isdigit() and os.path.isfile(os.path.join(path, STATE_FILE)):
+        if step.isdigit():
             found[int(step)] = path
     return found
+
+
+def complete_checkpoints(run_dir: str) -> dict[int, str]:
+    """The checkpoints in ``run_dir`` that finished saving (they hold ``hacpo_state.json``), by step."""
+    return {s: p for s, p in _checkpoints(run_dir).items() if os.path.isfile(os.path.join(p, STATE_FILE))}
 
 
 def prune_checkpoints(run_dir: str, limit: int, keep: str | None = None) -> list[str]:
@@ -81,14 +86,11 @@ def prune_checkpoints(run_dir: str, limit: int, keep: str | None = None) -> list
     complete = complete_checkpoints(run_dir)
     if limit < 1 or not complete:
         return []
-    kept = {complete[s] for s in sorted(complete)[-limit:]}
+    kept = set(sorted(complete)[-limit:])
     newest = max(complete)
     deleted = []
-    for path in sorted(glob.glob(os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-*"))):
-        step = path.rsplit("-", 1)[-1]
-        if not step.isdigit() or int(step) >= newest or path in kept:
-            continue
-        if keep and os.path.abspath(path) == os.path.abspath(keep):
+    for step, path in sorted(_checkpoints(run_dir).items()):
+        if step >= newest or step in kept or (keep and os.path.abspath(path) == os.path.abspath(keep)):
             continue
         shutil.rmtree(path, ignore_errors=True)
         deleted.append(path)
@@ -773,14 +775,10 @@ class HACPOTrainer(GRPOTrainer):
         if limit and self.args.should_save:
             prune_checkpoints(run_dir, limit, keep=self.state.best_model_checkpoint)
 
-    def _complete_checkpoints(self) -> dict[int, str]:
-        """This agent's checkpoints that finished saving, by step."""
-        return complete_checkpoints(self.args.output_dir)
-
     def train(self, resume_from_checkpoint=None, **kwargs):
         """As `Trainer.train`; ``resume_from_checkpoint=True`` resumes every agent from the newest step that all
         agents saved completely (a checkpoint interrupted while saving is skipped, never loaded)."""
-        complete = self._complete_checkpoints()
+        complete = complete_checkpoints(self.args.output_dir)
         is_main = self.accelerator.process_index == 0
         everyone = self.exchange.all_gather(
             (self.agent, is_main, sorted(complete), resume_from_checkpoint), what="checkpoints to resume from"

@@ -118,26 +118,31 @@ def has_digit(completions, **kwargs):
     return [1.0 if any(ch.isdigit() for ch in c[0]["content"]) else 0.0 for c in completions]
 
 
+def my_steps(*values: str) -> set[int]:
+    """The steps that `i:step` options name for this agent."""
+    return {int(s) for i, _, s in (v.partition(":") for v in values if v) if int(i) == me}
+
+
 class DieAt(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
-        agent, _, step = opts.die_at_step.partition(":")
-        if opts.die_at_step and int(agent) == me and state.global_step == int(step):
+        if state.global_step in my_steps(opts.die_at_step):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
 trainer = HACPOTrainer(model=base, reward_funcs=has_digit, args=args, train_dataset=dataset, callbacks=[DieAt()])
-if opts.die_while_saving and int(opts.die_while_saving.split(":")[0]) == me:
+if my_steps(opts.die_while_saving):
     save_rng_state = trainer._save_rng_state  # runs after the weights and optimizer are written, before the rest
 
     def dying_save_rng_state(output_dir):
-        if trainer.state.global_step == int(opts.die_while_saving.split(":")[1]):
+        if trainer.state.global_step in my_steps(opts.die_while_saving):
             os.kill(os.getpid(), signal.SIGKILL)
         return save_rng_state(output_dir)
 
     trainer._save_rng_state = dying_save_rng_state
 before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-steps = {int(i): s for i, s in (x.split(":") for x in opts.resume_step)}
-resume = os.path.join(args.output_dir, f"checkpoint-{steps[me]}") if me in steps else (True if opts.resume else None)
+resume = True if opts.resume else None
+for step in my_steps(*opts.resume_step):
+    resume = os.path.join(args.output_dir, f"checkpoint-{step}")
 trainer.train(resume_from_checkpoint=resume)
 after = dict(trainer.model.named_parameters())
 trainable = [n for n, p in after.items() if p.requires_grad]
