@@ -90,7 +90,7 @@ def _overrides(rest: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from .config import _as_specs, check_vllm_servers
+    from .config import _as_specs, check_vllm_servers, vllm_servers
     from .train import RecipeError, check_recipe, load_recipe
 
     parser = argparse.ArgumentParser(prog="hacpo-train --plan", description=__doc__)
@@ -119,6 +119,11 @@ def main(argv: list[str]) -> int:
         rows = args.dataset_rows if args.dataset_rows is not None else _dataset_rows(recipe)
         agents = [{k: v for k, v in vars(s).items() if v is not None} for s in specs]
         plan = make_plan({**recipe, "agents": agents}, dims, launch, args.gpu_memory_gib, rows)
+        for name, (url, port) in vllm_servers(specs, recipe).items():
+            plan.notes.append(
+                f"agent {name!r} generates on the vLLM server {url} (weight-sync port {port}): start it on its own "
+                "GPU before the launch; its memory is not part of this plan"
+            )
     except (RecipeError, ValueError, OSError) as exc:
         print(f"hacpo-train --plan: error: {exc}", file=sys.stderr)
         return 2
