@@ -167,8 +167,8 @@ def launch_from_accelerate(cfg: dict, source: str = "accelerate config") -> Laun
         parallelism, stage = "zero", int((cfg.get("deepspeed_config") or {}).get("zero_stage", 2))
     elif kind == "FSDP":
         parallelism = "fsdp"
-    elif cfg.get("use_cpu") or kind in ("NO", "CPU", "MULTI_CPU"):
-        parallelism = "cpu" if cfg.get("use_cpu") or kind != "NO" else "ddp"
+    elif cfg.get("use_cpu") or kind in ("CPU", "MULTI_CPU"):
+        parallelism = "cpu"
     return Launch(
         parallelism=parallelism,
         num_processes=int(cfg.get("num_processes", 1)),
@@ -387,7 +387,9 @@ def make_plan(
     per_node = max(1, world // max(launch.num_machines, 1))
     mp = launch.mixed_precision
     if not on_cpu and mp is not None:
-        recipe_mp = "bf16" if recipe.get("bf16") else "fp16" if recipe.get("fp16") else "no"
+        bf16 = recipe.get("bf16")
+        bf16 = not recipe.get("fp16") if bf16 is None else bf16  # TRL's default: bf16 unless fp16
+        recipe_mp = "bf16" if bf16 else "fp16" if recipe.get("fp16") else "no"
         if mp != recipe_mp:
             problems.append(
                 f"the launch uses mixed_precision {mp!r} but the recipe says {recipe_mp!r} (bf16/fp16 keys); "
@@ -397,7 +399,7 @@ def make_plan(
     n_agents = len(specs)
     use_vllm = bool(recipe.get("use_vllm"))
     vllm_mode = recipe.get("vllm_mode", "colocate")
-    completion = int(recipe.get("max_completion_length", 256))
+    completion = int(recipe.get("max_completion_length", 512))
     agents: list[AgentPlan] = []
     schedules = []
     start = 0
@@ -437,7 +439,7 @@ def make_plan(
             int(batch["rows_per_forward"]),
             seq,
             completion,
-            bool(recipe.get("gradient_checkpointing", False)),
+            bool(recipe.get("gradient_checkpointing", True)),
             vllm_gib,
             on_gpu=not on_cpu,
         )
@@ -512,6 +514,8 @@ def make_plan(
         )
         schedules.append((batch["prompts_per_generation"], batch["updates_per_generation"]))
 
+    if recipe.get("peer_filter") == "correct":
+        notes.append("peer_filter 'correct': peer rows and rows per forward pass are upper bounds")
     if len({s for s in schedules}) > 1:
         problems.append(f"agents differ in prompts or updates per generation batch: {schedules}")
     schedule = _schedule(recipe, agents[0].batch, dataset_rows, problems, notes)

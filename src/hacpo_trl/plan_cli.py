@@ -59,6 +59,16 @@ def _builtin_config(name: str) -> dict:
     return build(tok, hidden_size=spec.hidden_size, layers=spec.layers, seed=spec.seed).config.to_dict()
 
 
+def _defaults() -> dict:
+    """`HACPOConfig`'s defaults (TRL's and ours) for what a recipe leaves out."""
+    import dataclasses
+
+    from .config import HACPOConfig
+
+    fields = dataclasses.fields(HACPOConfig)
+    return {f.name: f.default for f in fields if f.default is not dataclasses.MISSING and f.default is not None}
+
+
 def _dataset_rows(recipe: dict) -> int | None:
     task = recipe.get("task", "arithmetic")
     if task == "arithmetic":
@@ -118,7 +128,7 @@ def main(argv: list[str]) -> int:
         dims = {s.name: ModelDims.from_config(model_config(s.model_name_or_path)) for s in specs}
         rows = args.dataset_rows if args.dataset_rows is not None else _dataset_rows(recipe)
         agents = [{k: v for k, v in vars(s).items() if v is not None} for s in specs]
-        plan = make_plan({**recipe, "agents": agents}, dims, launch, args.gpu_memory_gib, rows)
+        plan = make_plan({**_defaults(), **recipe, "agents": agents}, dims, launch, args.gpu_memory_gib, rows)
         for name, (url, port) in vllm_servers(specs, recipe).items():
             plan.notes.append(
                 f"agent {name!r} generates on the vLLM server {url} (weight-sync port {port}): start it on its own "
@@ -127,5 +137,6 @@ def main(argv: list[str]) -> int:
     except (RecipeError, ValueError, OSError) as exc:
         print(f"hacpo-train --plan: error: {exc}", file=sys.stderr)
         return 2
-    print(format_plan(plan), flush=True)
+    if os.environ.get("RANK", "0") == "0":  # inside a launch, one copy is enough
+        print(format_plan(plan), flush=True)
     return 0 if plan.ok else 1
