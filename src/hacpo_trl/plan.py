@@ -510,7 +510,7 @@ def make_plan(
                 peak,
                 ckpt,
                 vllm,
-            )  # fmt: skip
+            )
         )
         schedules.append((batch["prompts_per_generation"], batch["updates_per_generation"]))
 
