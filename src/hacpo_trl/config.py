@@ -60,6 +60,11 @@ class AgentSpec:
         output_dir: where this agent's checkpoints and final model go; defaults to ``<run output_dir>/<name>``.
         hub_model_id: Hub repository of this agent (with ``push_to_hub``).
         model_init_kwargs: kwargs for ``from_pretrained`` of this agent's model (e.g. ``{"dtype": "bfloat16"}``).
+        vllm_server_base_url: with ``vllm_mode: server``, this agent's own ``trl vllm-serve`` (e.g.
+            ``"http://localhost:8001"``); defaults to the run's ``vllm_server_base_url`` / host and port.
+        vllm_group_port: with ``vllm_mode: server``, the port this agent's rank 0 opens for the weight-sync group
+            with its server; defaults to the run's ``vllm_group_port`` (51216). Two agents may share neither a
+            server nor a weight-sync port: both are refused at start-up.
         overrides: any other ``GRPOConfig`` field for this agent only (e.g. ``weight_decay``,
             ``per_device_train_batch_size``). Sampling and schedule settings must stay equal across agents.
     """
@@ -74,6 +79,8 @@ class AgentSpec:
     output_dir: str | None = None
     hub_model_id: str | None = None
     model_init_kwargs: dict | None = None
+    vllm_server_base_url: str | None = None
+    vllm_group_port: int | None = None
     overrides: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -94,6 +101,51 @@ def agent_output_dir(spec: AgentSpec, run_output_dir: str | None, several: bool)
     if several:
         return os.path.join(run_output_dir or "hacpo_output", spec.name)
     return run_output_dir
+
+
+_SERVER_KEYS = (
+    "use_vllm",
+    "vllm_mode",
+    "vllm_server_base_url",
+    "vllm_server_host",
+    "vllm_server_port",
+    "vllm_group_port",
+)
+
+
+def vllm_servers(specs: list[AgentSpec], run: dict) -> dict[str, tuple[str, int]]:
+    """Each server-mode agent's (server URL, weight-sync port), from its own fields, its overrides, then ``run``."""
+
+    def get(spec: AgentSpec, key: str, default=None):
+        if getattr(spec, key, None) is not None:
+            return getattr(spec, key)
+        return spec.overrides.get(key, run.get(key) if run.get(key) is not None else default)
+
+    servers = {}
+    for spec in specs:
+        if not get(spec, "use_vllm", False) or get(spec, "vllm_mode", "colocate") != "server":
+            continue
+        url = get(spec, "vllm_server_base_url")
+        if url is None:
+            url = f"http://{get(spec, 'vllm_server_host', '0.0.0.0')}:{get(spec, 'vllm_server_port', 8000)}"
+        servers[spec.name] = (str(url).rstrip("/").lower(), int(get(spec, "vllm_group_port", 51216)))
+    return servers
+
+
+def check_vllm_servers(specs: list[AgentSpec], run: dict) -> None:
+    """Refuse two agents on one vLLM server (each would push its weights into the other's) or on one weight-sync
+    port (both rank-0 processes would bind it: EADDRINUSE)."""
+    seen: dict[tuple[int, object], str] = {}
+    for name, (url, port) in vllm_servers(specs, run).items():
+        for what, value in ((0, url), (1, port)):
+            other = seen.setdefault((what, value), name)
+            if other != name:
+                label = f"vLLM server {value}" if what == 0 else f"weight-sync port {value}"
+                key = "vllm_server_base_url" if what == 0 else "vllm_group_port"
+                raise ValueError(
+                    f"agents {other!r} and {name!r} would share the {label}; give each agent its own `{key}` "
+                    "(an AgentSpec field) and start one `trl vllm-serve` per agent"
+                )
 
 
 def _as_specs(agents: Any) -> list[AgentSpec]:
@@ -267,6 +319,8 @@ class HACPOConfig(GRPOConfig):
         self.loss_config()  # validates alpha, peer_delta, peer_delta_step, epsilons, ratio_mode, beta
         CapabilityTracker(["x"], window=self.capability_window, metric=self.capability_metric)  # validates
 
+        if self._specs and len(self._specs) > 1:
+            check_vllm_servers(self._specs, {k: getattr(self, k) for k in _SERVER_KEYS})
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)
         specs = self._specs or [AgentSpec(name="policy", num_processes=world)]
         topology: AgentTopology = init_agent_worlds(
@@ -277,6 +331,7 @@ class HACPOConfig(GRPOConfig):
         self.agent_name = spec.name
         self._apply_agent(spec, several=len(specs) > 1)
         super().__post_init__()
+        self._check_save_steps()
         if len(specs) > 1:
             self._agree_with_other_agents(topology)
         if self.naive:
@@ -285,7 +340,8 @@ class HACPOConfig(GRPOConfig):
 
     def _apply_agent(self, spec: AgentSpec, several: bool) -> None:
         self.output_dir = agent_output_dir(spec, self.output_dir, several)
-        for name in ("learning_rate", "hub_model_id", "chat_template_kwargs", "model_init_kwargs"):
+        agent_fields = ("learning_rate", "hub_model_id", "chat_template_kwargs", "model_init_kwargs")
+        for name in agent_fields + ("vllm_server_base_url", "vllm_group_port"):
             value = getattr(spec, name)
             if value is not None:
                 setattr(self, name, value)
@@ -297,6 +353,21 @@ class HACPOConfig(GRPOConfig):
             setattr(self, key, value)
         if several and self.run_name in (None, self.output_dir):
             self.run_name = spec.name
+
+    def _check_save_steps(self) -> None:
+        """Checkpoints only between generation batches: TRL does not save its position inside a generation batch,
+        so a mid-batch checkpoint resumes out of phase (the half-trained batch is regenerated and trained again)."""
+        if self.save_strategy != "steps" or self.save_steps < 1:
+            return
+        per_generation = self.steps_per_generation * self.num_iterations  # micro-batches between generations
+        if (int(self.save_steps) * self.gradient_accumulation_steps) % per_generation:
+            updates = per_generation / self.gradient_accumulation_steps
+            raise ValueError(
+                f"`save_steps` = {self.save_steps} would checkpoint in the middle of a generation batch: a generation "
+                f"batch lasts {updates:g} optimizer updates (steps_per_generation x num_iterations / "
+                "gradient_accumulation_steps), and a run resumed from such a checkpoint trains out of phase. Use a "
+                "multiple of it"
+            )
 
     def _agree_with_other_agents(self, topology: AgentTopology) -> None:
         """Before any model loads: every agent must sample and schedule identically (peer log-probs and exchanges

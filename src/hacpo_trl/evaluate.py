@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-__all__ = ["EvalResult", "evaluate_model", "evaluate_with_vllm"]
+__all__ = ["EvalResult", "eval_placement", "evaluate_model", "evaluate_with_vllm", "load_for_eval"]
 
 
 @dataclass
@@ -129,13 +129,65 @@ def evaluate_with_vllm(
     except ImportError as exc:
         raise ImportError("`--backend vllm` needs vLLM: pip install 'hacpo-trl[vllm]' (GPU only)") from exc
     rows = list(dataset)
-    llm = LLM(model=model_path, **llm_kwargs)
+    adapter = _lora_adapter(model_path)
+    request = {}
+    if adapter is None:
+        llm = LLM(model=model_path, **llm_kwargs)
+    else:  # a LoRA agent: serve its base model and apply the adapter per request (no merged copy on disk)
+        from vllm.lora.request import LoRARequest
+
+        llm = LLM(model=adapter["base_model_name_or_path"], enable_lora=True, max_lora_rank=adapter["r"], **llm_kwargs)
+        request["lora_request"] = LoRARequest("agent", 1, model_path)
     params = SamplingParams(n=k, temperature=max(temperature, 0.0), max_tokens=max_new_tokens)
     outputs = llm.generate(
-        [{"prompt_token_ids": _prompt_ids(tokenizer, r, chat_template_kwargs)} for r in rows], params
+        [{"prompt_token_ids": _prompt_ids(tokenizer, r, chat_template_kwargs)} for r in rows], params, **request
     )
     texts = [c.text for o in outputs for c in o.outputs]
     return _result(_score(reward_func, rows, texts, k))
+
+
+def _lora_adapter(path: str) -> dict | None:
+    """A LoRA agent folder's adapter config (base model and rank), or None for a full model."""
+    import json
+    import os
+
+    config = os.path.join(path, "adapter_config.json")
+    if not os.path.isfile(config) or os.path.isfile(os.path.join(path, "config.json")):
+        return None
+    with open(config) as f:
+        adapter = json.load(f)
+    if not adapter.get("base_model_name_or_path"):
+        raise ValueError(f"{config} names no `base_model_name_or_path`; cannot evaluate the adapter with vLLM")
+    return {"base_model_name_or_path": adapter["base_model_name_or_path"], "r": int(adapter.get("r", 8))}
+
+
+def eval_placement(path: str) -> tuple[str, torch.dtype | str]:
+    """Where and in what dtype ``hacpo-eval`` runs an agent: on the available accelerator in the dtype it was saved
+    in (its training dtype, from ``config.json``; ``"auto"`` for a LoRA folder), on CPU in float32 as before."""
+    import json
+    import os
+
+    if torch.cuda.is_available():
+        device = "cuda"
+    elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        device = "mps"
+    else:
+        return "cpu", torch.float32
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        return device, "auto"
+    with open(config) as f:
+        saved = json.load(f)
+    name = saved.get("dtype") or saved.get("torch_dtype") or "float32"
+    return device, getattr(torch, str(name).replace("torch.", ""))
+
+
+def load_for_eval(path: str):
+    """The agent's model, placed by :func:`eval_placement`."""
+    from transformers import AutoModelForCausalLM
+
+    device, dtype = eval_placement(path)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
 
 
 # ------------------------------------------------------------------------------------------- benchmarks
@@ -209,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
     import os
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from .rewards import arithmetic_exact_match, math_verify_boxed
     from .tasks import arithmetic_splits
@@ -255,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, dict[str, dict]] = {}
     for path in args.model:
-        model = AutoModelForCausalLM.from_pretrained(path) if args.backend == "hf" else None
+        model = load_for_eval(path) if args.backend == "hf" else None
         tok = AutoTokenizer.from_pretrained(path, padding_side="left")
         name = os.path.basename(os.path.normpath(path))
         results[name] = {}

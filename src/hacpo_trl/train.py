@@ -208,6 +208,10 @@ def _plot(histories: dict[str, list[dict]], agents: list[str], path: str) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--plan" in argv:  # check the launch on paper: no weights, no process group
+        from .plan_cli import main as plan
+
+        return plan(argv)
     rank0 = os.environ.get("RANK", "0") == "0"
     try:
         path = _config_path(argv)

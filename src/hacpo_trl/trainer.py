@@ -42,6 +42,7 @@ from .config import HACPOConfig
 from .exchange import Exchange, ExchangeError, RolloutBatch
 from .retokenize import completion_text, peer_completion_ids
 from .topology import current_topology
+from .vllm_seed import use_agent_engine_seeds
 
 __all__ = ["HACPOTrainer", "PROMPT_ID_COLUMN"]
 
@@ -181,6 +182,7 @@ class HACPOTrainer(GRPOTrainer):
         if args.top_entropy_quantile < 1.0 or args.off_policy_mask_threshold is not None:
             raise ValueError("HACPO's loss does not support `top_entropy_quantile` < 1 or `off_policy_mask_threshold`")
 
+        use_agent_engine_seeds()  # each agent's vLLM engines sample with their own seeds
         super().__init__(
             model=model,
             reward_funcs=reward_funcs,

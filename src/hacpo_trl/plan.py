@@ -1,0 +1,611 @@
+"""The launch plan's arithmetic: who runs where, how batches split, what each rank holds in memory, what saving costs.
+
+Pure Python (no torch, no trl): every figure comes from the recipe, the launch (accelerate config or environment) and
+each model's ``config.json``, so a user can check a GPU recipe on a laptop. `hacpo_trl.plan_cli` reads the files
+and prints the plan; ``hacpo-train --config R --plan`` calls it.
+
+The memory model is an estimate, written out term by term so that each line can be checked by hand:
+
+* bytes per parameter follow the parallelism: plain DDP keeps the weights in their load dtype (TRL loads float32
+  unless ``model_init_kwargs.dtype`` says otherwise) plus gradients, DDP's gradient buckets (``gradient_as_bucket_view``
+  is off) and AdamW's two moments in the parameter dtype; DeepSpeed ZeRO with bf16 keeps bf16 weights and shards an
+  fp32 master copy, fp32 Adam moments (stage >= 1) and fp32 gradient partitions (stage >= 2) over the agent's ranks
+  (the ZeRO paper's accounting, with fp32 gradient partitions); FSDP shards float32 weights (accelerate upcasts
+  trainable low-precision parameters under mixed precision), gradients and Adam moments;
+* the reference model exists only for full fine-tuning with ``beta > 0`` (LoRA disables the adapter instead), in the
+  training dtype (bf16 under DeepSpeed, where TRL prepares it as a stage-0 bf16 engine);
+* vLLM colocate reserves ``vllm_gpu_memory_utilization`` x device memory on every rank; with
+  ``vllm_enable_sleep_mode`` that memory is released for the backward pass, so the peak is the larger of the two phases;
+* activations assume the worst case: every row of a forward pass as long as ``vllm_max_model_length`` (or the
+  completion budget plus 1,024 prompt tokens) and every completion at ``max_completion_length``: the checkpointed layer
+  inputs, one layer recomputed, and the completion logits (bf16 logits plus the saved log-softmax, 4 bytes each).
+  HACPO runs ``n_agents x per_device_train_batch_size`` rows per forward (own and peer rows), not
+  ``per_device_train_batch_size``;
+* a fixed allowance for the CUDA context, NCCL buffers and allocator slack.
+
+Not modelled: fragmentation beyond that allowance, vLLM's CUDA graphs beyond its profiling allowance, tensor
+parallelism in vLLM, ZeRO offload, quantised models, and anything about speed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+__all__ = [
+    "GIB",
+    "Launch",
+    "ModelDims",
+    "Plan",
+    "format_plan",
+    "launch_from_accelerate",
+    "launch_from_env",
+    "make_plan",
+]
+
+GIB = 1024**3
+OVERHEAD_GIB = 2.0  # CUDA context, NCCL buffers, allocator slack (per rank)
+VLLM_OVERHEAD_GIB = 2.0  # vLLM's profiling activations and CUDA graphs inside its share
+DS_BUCKET_ELEMENTS = 5e8  # DeepSpeed's default reduce_bucket_size and allgather_bucket_size (elements)
+DEFAULT_PROMPT_TOKENS = 1024  # prompt allowance when `vllm_max_model_length` is not set
+DATASET_ROWS = {"DigitalLearningGmbH/MATH-lighteval": 7500}  # MATH train split (Hendrycks et al., 2021)
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
+_LORA_ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+# --------------------------------------------------------------------------------------------------- models
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The dimensions of a dense decoder (Llama / Qwen2 / Qwen3 family) that memory depends on."""
+
+    hidden: int
+    layers: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    max_position: int
+    tied: bool
+    qk_norm: bool = False  # Qwen3: RMSNorm on q and k (head_dim weights each)
+    qkv_bias: bool = False  # Qwen2: biases on q, k, v
+
+    @classmethod
+    def from_config(cls, config: dict) -> ModelDims:
+        """From a ``config.json`` mapping; raises ValueError naming a missing key."""
+        cfg = config.get("text_config", config)
+        try:
+            hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+            return cls(
+                hidden=hidden,
+                layers=int(cfg["num_hidden_layers"]),
+                intermediate=int(cfg["intermediate_size"]),
+                heads=heads,
+                kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                vocab=int(cfg["vocab_size"]),
+                max_position=int(cfg["max_position_embeddings"]),
+                tied=bool(cfg.get("tie_word_embeddings", False)),
+                qk_norm=cfg.get("model_type") == "qwen3",
+                qkv_bias=cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias", False)),
+            )
+        except KeyError as exc:
+            raise ValueError(f"config.json has no {exc.args[0]!r}; the plan handles dense decoder models") from None
+
+    def _linears(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear layer of one decoder layer."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        h, i = self.hidden, self.intermediate
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    @property
+    def params(self) -> int:
+        """Parameter count: embeddings, per layer (linears, two RMSNorms, Qwen3's q/k norms, Qwen2's biases), the
+        final norm and an untied LM head."""
+        layer = sum(a * b for a, b in self._linears().values()) + 2 * self.hidden
+        layer += 2 * self.head_dim if self.qk_norm else 0
+        layer += (self.heads + 2 * self.kv_heads) * self.head_dim if self.qkv_bias else 0
+        embed = self.vocab * self.hidden
+        return embed * (1 if self.tied else 2) + self.layers * layer + self.hidden
+
+    def lora_params(self, r: int, target_modules) -> int:
+        """Trainable parameters of LoRA rank ``r``: r x (in + out) per targeted linear of every layer."""
+        if target_modules in ("all-linear", None):
+            targets = _LORA_ALL_LINEAR
+        else:
+            targets = [target_modules] if isinstance(target_modules, str) else list(target_modules)
+        per_layer = sum(r * (a + b) for name, (a, b) in self._linears().items() if name in targets)
+        return self.layers * per_layer
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """vLLM's bf16 KV cache per token: K and V of every layer."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * 2
+
+
+# --------------------------------------------------------------------------------------------------- launch
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the processes are started: parallelism inside each agent and the hardware."""
+
+    parallelism: str  # "cpu", "ddp", "zero" or "fsdp"
+    num_processes: int | None = None  # None: take the recipe's total
+    num_machines: int = 1
+    zero_stage: int = 0
+    mixed_precision: str | None = None  # "bf16", "fp16", "no"; None when unknown
+    gpu_ids: tuple[int, ...] | None = None
+    source: str = "assumed"
+
+    @property
+    def label(self) -> str:
+        return {"cpu": "CPU (gloo)", "ddp": "DDP", "fsdp": "FSDP"}.get(self.parallelism, f"ZeRO-{self.zero_stage}")
+
+
+def launch_from_accelerate(cfg: dict, source: str = "accelerate config") -> Launch:
+    """From an accelerate config file's mapping (``distributed_type``, ``deepspeed_config``, ...)."""
+    kind = str(cfg.get("distributed_type", "NO")).upper()
+    gpu_ids = cfg.get("gpu_ids")
+    ids = None
+    if isinstance(gpu_ids, str) and gpu_ids not in ("all", ""):
+        ids = tuple(int(x) for x in gpu_ids.split(","))
+    elif isinstance(gpu_ids, int):
+        ids = (gpu_ids,)
+    parallelism, stage = "ddp", 0
+    if kind == "DEEPSPEED":
+        parallelism, stage = "zero", int((cfg.get("deepspeed_config") or {}).get("zero_stage", 2))
+    elif kind == "FSDP":
+        parallelism = "fsdp"
+    elif cfg.get("use_cpu") or kind in ("CPU", "MULTI_CPU"):
+        parallelism = "cpu"
+    return Launch(
+        parallelism=parallelism,
+        num_processes=int(cfg.get("num_processes", 1)),
+        num_machines=int(cfg.get("num_machines", 1)),
+        zero_stage=stage,
+        mixed_precision=cfg.get("mixed_precision"),
+        gpu_ids=ids,
+        source=source,
+    )
+
+
+def launch_from_env(env: dict) -> Launch | None:
+    """From the variables `accelerate launch` sets in every process; None outside a launch."""
+    if "WORLD_SIZE" not in env:
+        return None
+    true = ("true", "1", "yes")
+    if str(env.get("ACCELERATE_USE_DEEPSPEED", "")).lower() in true:
+        parallelism, stage = "zero", int(env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", 2))
+    elif str(env.get("ACCELERATE_USE_FSDP", "")).lower() in true:
+        parallelism, stage = "fsdp", 0
+    else:
+        parallelism, stage = ("cpu" if str(env.get("ACCELERATE_USE_CPU", "")).lower() in true else "ddp"), 0
+    world, local = int(env["WORLD_SIZE"]), int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"]))
+    return Launch(
+        parallelism=parallelism,
+        num_processes=world,
+        num_machines=max(1, world // max(local, 1)),
+        zero_stage=stage,
+        mixed_precision=env.get("ACCELERATE_MIXED_PRECISION"),
+        source="launch environment",
+    )
+
+
+# ----------------------------------------------------------------------------------------------------- plan
+
+
+@dataclass
+class AgentPlan:
+    name: str
+    model: str
+    ranks: list[int]
+    devices: list[str]
+    params: int
+    trainable: int
+    batch: dict[str, object]
+    memory: dict[str, float]  # GiB per rank, by item
+    peak_gib: float
+    checkpoint_gib: float
+    vllm: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    agents: list[AgentPlan]
+    launch: Launch
+    device_gib: float | None  # None on CPU
+    schedule: dict[str, object]
+    problems: list[str]
+    notes: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _get(recipe: dict, spec: dict, key: str, default=None):
+    """An agent's effective setting: its own field or override, else the run's, else the default."""
+    if spec.get(key) is not None:
+        return spec[key]
+    overrides = spec.get("overrides") or {}
+    if key in overrides:
+        return overrides[key]
+    return recipe.get(key, default)
+
+
+def batch_arithmetic(recipe: dict, spec: dict, n_ranks: int, n_agents: int) -> dict[str, object]:
+    """The generation batch and how it is cut into forward passes and optimizer updates, per agent (TRL 1.16:
+    ``generation_batch_size = per_device_train_batch_size x world x steps_per_generation``; HACPO appends the peers'
+    rows to each rank's own and splits the whole into ``steps_per_generation`` micro-batches, own rows first)."""
+    per_device = int(_get(recipe, spec, "per_device_train_batch_size", 8))
+    ga = int(_get(recipe, spec, "gradient_accumulation_steps", 1))
+    spg = _get(recipe, spec, "steps_per_generation")
+    gen = _get(recipe, spec, "generation_batch_size")
+    if spg is None:
+        spg = gen // (per_device * n_ranks) if gen else ga
+    spg = int(spg)
+    iterations = int(_get(recipe, spec, "num_iterations", 1))
+    num_generations = int(_get(recipe, spec, "num_generations", 8))
+    sharing = bool(_get(recipe, spec, "share_rollouts", True)) and n_agents > 1
+    own_per_rank = per_device * spg
+    peer_per_rank = (n_agents - 1) * own_per_rank if sharing else 0
+    rows_per_forward = (own_per_rank + peer_per_rank) // spg
+    per_update = []
+    for u in range(spg // ga if spg % ga == 0 else 0):
+        first, last = u * ga * rows_per_forward, (u + 1) * ga * rows_per_forward
+        own = max(0, min(last, own_per_rank) - first)
+        per_update.append({"own": own * n_ranks, "peer": (last - first - own) * n_ranks})
+    return {
+        "per_device_train_batch_size": per_device,
+        "gradient_accumulation_steps": ga,
+        "steps_per_generation": spg,
+        "num_iterations": iterations,
+        "num_generations": num_generations,
+        "completions_per_generation": per_device * n_ranks * spg,
+        "prompts_per_generation": per_device * n_ranks * spg / num_generations,
+        "own_completions_per_rank": own_per_rank,
+        "peer_rows_per_rank": peer_per_rank,
+        "rows_per_forward": rows_per_forward,
+        "updates_per_generation": spg * iterations / ga,
+        "rows_per_update": per_update * iterations,
+    }
+
+
+def _dtype_bytes(value, default: int) -> int:
+    if value is None:
+        return default
+    name = str(value).replace("torch.", "")
+    if name not in _DTYPE_BYTES:
+        raise ValueError(f"model_init_kwargs.dtype {value!r} is not one of {sorted(_DTYPE_BYTES)}")
+    return _DTYPE_BYTES[name]
+
+
+def memory_per_rank(
+    dims: ModelDims,
+    trainable: int,
+    lora: bool,
+    launch: Launch,
+    n_ranks: int,
+    load_bytes: int,
+    beta: float,
+    rows_per_forward: int,
+    seq_len: int,
+    completion_len: int,
+    gradient_checkpointing: bool,
+    vllm_gib: float,
+    on_gpu: bool = True,
+) -> dict[str, float]:
+    """GiB per rank, item by item (see the module docstring for the model behind each line)."""
+    p, t, n = dims.params, trainable, n_ranks
+    frozen = p - t if lora else 0
+    if launch.parallelism == "zero":
+        s = launch.zero_stage
+        w = 2 if launch.mixed_precision in ("bf16", "fp16") else 4
+        master = 4 * t if w == 2 else 0
+        weights = (p * w) / (n if s >= 3 else 1)
+        items = {
+            "weights": weights,
+            "fp32 master weights": master / (n if s >= 1 else 1),
+            "gradients": (4 * t / n) if s >= 2 else w * t,
+            "optimizer state": 8 * t / (n if s >= 1 else 1),
+            "gradient buckets": 2 * w * min(DS_BUCKET_ELEMENTS, t),
+        }
+        ref_bytes = p * w / (n if s >= 3 else 1)
+        residual_bytes = w
+    else:
+        shard = n if launch.parallelism == "fsdp" else 1
+        # FSDP upcasts trainable weights to fp32, and peft keeps LoRA adapters in fp32; a frozen base keeps its dtype
+        w = 4 if launch.parallelism == "fsdp" or lora else load_bytes
+        lw = load_bytes
+        items = {
+            "weights": (t * w + frozen * lw) / shard,
+            "gradients": t * w / shard,
+            "optimizer state": 2 * t * w / shard,
+        }
+        if launch.parallelism == "ddp" and n > 1:
+            items["gradient buckets"] = t * w
+        ref_bytes = p * load_bytes / shard
+        residual_bytes = lw if lora else w  # autocast keeps the residual stream in the weights' dtype
+    items["reference model"] = ref_bytes if beta > 0 and not lora else 0.0
+    layers = dims.layers if gradient_checkpointing else 0
+    checkpointed = rows_per_forward * seq_len * dims.hidden * layers * residual_bytes
+    per_layer = rows_per_forward * seq_len * (6 * dims.hidden + 3 * dims.intermediate) * 2
+    recomputed = per_layer if gradient_checkpointing else per_layer * dims.layers
+    logits = rows_per_forward * completion_len * dims.vocab * 4
+    items["activations"] = checkpointed + recomputed + logits
+    out = {k: v / GIB for k, v in items.items()}
+    out["vLLM reservation"] = vllm_gib
+    out["CUDA context, NCCL, slack"] = OVERHEAD_GIB if on_gpu else 0.0
+    return out
+
+
+def checkpoint_bytes(dims: ModelDims, trainable: int, lora: bool, launch: Launch, load_bytes: int) -> float:
+    """One saved checkpoint of one agent: model (or adapter) weights plus what resume needs of the optimizer."""
+    t = trainable
+    if launch.parallelism == "zero":
+        w = 2 if launch.mixed_precision in ("bf16", "fp16") else 4
+        model = (t if lora else dims.params) * (4 if lora else w)  # peft keeps adapters in fp32
+        return model + (12 if w == 2 else 8) * t  # fp32 master + Adam moments
+    w = 4 if launch.parallelism == "fsdp" else load_bytes
+    if lora:
+        return t * 4 + 8 * t  # fp32 adapters and their Adam moments
+    return dims.params * w + 2 * t * w
+
+
+def make_plan(
+    recipe: dict,
+    dims: dict[str, ModelDims],
+    launch: Launch,
+    device_gib: float | None = 79.6,
+    dataset_rows: int | None = None,
+) -> Plan:
+    """The whole plan. ``dims`` maps agent name -> its model's dimensions; ``device_gib`` is one GPU's memory
+    (None: CPU). ``problems`` lists what will not run; an empty list means the plan passes."""
+    specs = recipe["agents"]
+    if isinstance(specs, dict):
+        specs = [{"name": k, **(v or {})} for k, v in specs.items()]
+    problems: list[str] = []
+    notes: list[str] = []
+    total = sum(int(s.get("num_processes", 1)) for s in specs)
+    world = launch.num_processes or total
+    if world != total:
+        problems.append(f"the recipe's agents add up to {total} processes but the launch starts {world}")
+    on_cpu = bool(recipe.get("use_cpu")) or launch.parallelism == "cpu"
+    if on_cpu:
+        device_gib = None
+    per_node = max(1, world // max(launch.num_machines, 1))
+    mp = launch.mixed_precision
+    if not on_cpu and mp is not None:
+        bf16 = recipe.get("bf16")
+        bf16 = not recipe.get("fp16") if bf16 is None else bf16  # TRL's default: bf16 unless fp16
+        recipe_mp = "bf16" if bf16 else "fp16" if recipe.get("fp16") else "no"
+        if mp != recipe_mp:
+            problems.append(
+                f"the launch uses mixed_precision {mp!r} but the recipe says {recipe_mp!r} (bf16/fp16 keys); "
+                "make them agree (DeepSpeed refuses a mismatch)"
+            )
+
+    n_agents = len(specs)
+    use_vllm = bool(recipe.get("use_vllm"))
+    vllm_mode = recipe.get("vllm_mode", "colocate")
+    completion = int(recipe.get("max_completion_length", 512))
+    agents: list[AgentPlan] = []
+    schedules = []
+    start = 0
+    for spec in specs:
+        name, n = spec["name"], int(spec.get("num_processes", 1))
+        ranks = list(range(start, start + n))
+        start += n
+        if on_cpu:
+            devices = ["cpu"] * n
+        else:
+            devices = []
+            for g in ranks:
+                node, local = divmod(g, per_node)
+                gpu = launch.gpu_ids[local] if launch.gpu_ids and local < len(launch.gpu_ids) else local
+                devices.append(f"node {node} GPU {gpu}" if launch.num_machines > 1 else f"GPU {gpu}")
+        d = dims[name]
+        lora_cfg = spec.get("lora")
+        lora = lora_cfg is not None
+        trainable = d.lora_params(int(lora_cfg.get("r", 8)), lora_cfg.get("target_modules")) if lora else d.params
+        batch = batch_arithmetic(recipe, spec, n, n_agents)
+        init = _get(recipe, spec, "model_init_kwargs") or {}
+        load_bytes = _dtype_bytes(init.get("dtype"), 4)
+        beta = float(_get(recipe, spec, "beta", 0.0))
+        max_len = _get(recipe, spec, "vllm_max_model_length")
+        seq = int(max_len) if max_len else completion + DEFAULT_PROMPT_TOKENS
+        util = float(_get(recipe, spec, "vllm_gpu_memory_utilization", 0.3))
+        colocate = use_vllm and vllm_mode == "colocate" and not on_cpu
+        vllm_gib = util * device_gib if colocate and device_gib else 0.0
+        memory = memory_per_rank(
+            d,
+            trainable,
+            lora,
+            launch,
+            n,
+            load_bytes,
+            beta,
+            int(batch["rows_per_forward"]),
+            seq,
+            completion,
+            bool(recipe.get("gradient_checkpointing", True)),
+            vllm_gib,
+            on_gpu=not on_cpu,
+        )
+        sleep = bool(_get(recipe, spec, "vllm_enable_sleep_mode", False))
+        states = sum(v for k, v in memory.items() if k not in ("activations", "vLLM reservation"))
+        if sleep and colocate:
+            peak = states + max(memory["activations"], vllm_gib)
+        else:
+            peak = states + memory["activations"] + vllm_gib
+        vllm: dict[str, float] = {}
+        if colocate:
+            model_len = int(max_len) if max_len else d.max_position
+            kv_budget = vllm_gib - 2 * d.params / GIB - VLLM_OVERHEAD_GIB
+            one = model_len * d.kv_bytes_per_token / GIB
+            vllm = {"max_model_len": model_len, "kv_cache_gib": kv_budget, "one_request_gib": one}
+            if max_len is None:
+                notes.append(
+                    f"agent {name!r}: `vllm_max_model_length` is not set, so vLLM sizes for the model's "
+                    f"{d.max_position:,}-token context; set it to prompt + max_completion_length (e.g. {seq})"
+                )
+            if kv_budget < one:
+                problems.append(
+                    f"agent {name!r}: vLLM's KV cache ({kv_budget:.1f} GiB left of {vllm_gib:.1f} GiB after "
+                    f"{2 * d.params / GIB:.1f} GiB of bf16 weights) cannot hold one {model_len:,}-token request "
+                    f"({one:.1f} GiB); vLLM would refuse to start"
+                )
+        if max_len is not None and int(max_len) <= completion:
+            problems.append(
+                f"agent {name!r}: vllm_max_model_length {max_len} leaves no room for a prompt before "
+                f"max_completion_length {completion}"
+            )
+        if max_len is not None and int(max_len) > d.max_position:
+            problems.append(
+                f"agent {name!r}: vllm_max_model_length {max_len} exceeds the model's context {d.max_position:,}"
+            )
+        if device_gib is not None and peak > device_gib:
+            worst = ", ".join(f"{k} {v:.1f}" for k, v in sorted(memory.items(), key=lambda kv: -kv[1])[:3])
+            problems.append(
+                f"agent {name!r} (global ranks {ranks[0]}-{ranks[-1]}): about {peak:.1f} GiB per rank does not fit "
+                f"a {device_gib:.1f} GiB device (largest: {worst} GiB)"
+            )
+        if not lora and launch.parallelism == "ddp" and load_bytes == 2:
+            problems.append(
+                f"agent {name!r}: full fine-tuning with bf16 weights under DDP makes AdamW update bf16 parameters, "
+                "which rounds away small updates; load float32 or use ZeRO (fp32 master weights)"
+            )
+        if batch["steps_per_generation"] % batch["gradient_accumulation_steps"]:
+            problems.append(
+                f"agent {name!r}: steps_per_generation {batch['steps_per_generation']} is not a multiple of "
+                f"gradient_accumulation_steps {batch['gradient_accumulation_steps']}"
+            )
+        if batch["own_completions_per_rank"] % batch["num_generations"] and n_agents > 1:
+            problems.append(
+                f"agent {name!r}: {batch['own_completions_per_rank']} completions per rank is not a whole number of "
+                f"prompt groups of {batch['num_generations']}"
+            )
+        ckpt = checkpoint_bytes(d, trainable, lora, launch, load_bytes) / GIB
+        agents.append(
+            AgentPlan(
+                name,
+                spec.get("model_name_or_path", ""),
+                ranks,
+                devices,
+                d.params,
+                trainable,
+                batch,
+                memory,
+                peak,
+                ckpt,
+                vllm,
+            )
+        )
+        schedules.append((batch["prompts_per_generation"], batch["updates_per_generation"]))
+
+    if recipe.get("peer_filter") == "correct":
+        notes.append("peer_filter 'correct': peer rows and rows per forward pass are upper bounds")
+    if len({s for s in schedules}) > 1:
+        problems.append(f"agents differ in prompts or updates per generation batch: {schedules}")
+    schedule = _schedule(recipe, agents[0].batch, dataset_rows, problems, notes)
+    for a in agents:
+        a.batch["checkpoint_disk_gib"] = a.checkpoint_gib * schedule.get("checkpoints_kept", 0)
+    return Plan(agents, launch, device_gib, schedule, problems, notes)
+
+
+def _schedule(recipe: dict, batch: dict, dataset_rows: int | None, problems: list[str], notes: list[str]) -> dict:
+    """Generation batches and optimizer steps per epoch, and the checkpoints written and kept."""
+    prompts = batch["prompts_per_generation"]
+    updates = batch["updates_per_generation"]
+    out: dict[str, object] = {"dataset_rows": dataset_rows}
+    if dataset_rows is not None and prompts:
+        generations = int(dataset_rows // prompts)  # TRL's RepeatSampler drops the last partial generation batch
+        out["generations_per_epoch"] = generations
+        out["steps_per_epoch"] = int(generations * updates)
+    max_steps = int(recipe.get("max_steps", -1) or -1)
+    if max_steps > 0:
+        out["total_steps"] = max_steps
+    elif "steps_per_epoch" in out:
+        out["total_steps"] = math.ceil(float(recipe.get("num_train_epochs", 3.0)) * out["steps_per_epoch"])
+    else:
+        notes.append("the dataset size is unknown here, so total steps and checkpoint counts are not computed")
+    strategy = recipe.get("save_strategy", "steps")
+    save_steps = recipe.get("save_steps", 500)
+    if strategy == "steps" and save_steps:
+        if float(save_steps) < 1:
+            notes.append(f"save_steps {save_steps} is a fraction of the run; not checked against generation batches")
+        elif updates and float(save_steps) % updates:
+            problems.append(
+                f"save_steps {save_steps} is not a multiple of the {updates:g} optimizer updates per generation "
+                "batch, so checkpoints would land mid-generation and resume would run out of phase"
+            )
+        if "total_steps" in out and float(save_steps) >= 1:
+            written = int(out["total_steps"] // int(save_steps))
+            limit = recipe.get("save_total_limit")
+            out["checkpoints_written"] = written
+            out["checkpoints_kept"] = min(written, int(limit)) if limit else written
+            if not limit:
+                notes.append("no save_total_limit: every checkpoint stays on disk")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- output
+
+
+def format_plan(plan: Plan) -> str:
+    """The plan as text for a terminal."""
+    lines = []
+    device = "CPU (no device memory check)" if plan.device_gib is None else f"{plan.device_gib:.1f} GiB per GPU"
+    lines.append(f"launch: {plan.launch.label} inside each agent ({plan.launch.source}); device: {device}")
+    s = plan.schedule
+    if "steps_per_epoch" in s:
+        lines.append(
+            f"schedule: {s['dataset_rows']} prompts -> {s['generations_per_epoch']} generation batches, "
+            f"{s['steps_per_epoch']} optimizer steps per epoch; {s.get('total_steps')} steps in the run"
+        )
+    elif "total_steps" in s:
+        lines.append(f"schedule: {s['total_steps']} optimizer steps (max_steps)")
+    if "checkpoints_written" in s:
+        lines.append(f"checkpoints: {s['checkpoints_written']} written, {s['checkpoints_kept']} kept")
+    for a in plan.agents:
+        b = a.batch
+        lines.append("")
+        lines.append(f"agent {a.name} ({a.model}): {a.params:,} parameters, {a.trainable:,} trained")
+        lines.append(f"  global ranks {a.ranks[0]}-{a.ranks[-1]} on {', '.join(a.devices)}")
+        lines.append(
+            f"  generation batch: {b['prompts_per_generation']:g} prompts x {b['num_generations']} = "
+            f"{b['completions_per_generation']} completions; per rank {b['own_completions_per_rank']} own + "
+            f"{b['peer_rows_per_rank']} peer rows"
+        )
+        mix = ", ".join(f"{u['own']} own + {u['peer']} peer" for u in b["rows_per_update"])
+        lines.append(f"  {b['updates_per_generation']:g} optimizer updates per generation batch: {mix}")
+        lines.append(f"  rows per forward pass: {b['rows_per_forward']}")
+        lines.append("  memory per rank (GiB): " + ", ".join(f"{k} {v:.1f}" for k, v in a.memory.items() if v))
+        budget = "" if plan.device_gib is None else f" of {plan.device_gib:.1f}"
+        lines.append(f"  peak estimate: {a.peak_gib:.1f}{budget} GiB")
+        if a.vllm:
+            v = a.vllm
+            lines.append(
+                f"  vLLM: max_model_len {v['max_model_len']:,}, KV cache ~{v['kv_cache_gib']:.1f} GiB, "
+                f"one full-length request {v['one_request_gib']:.2f} GiB"
+            )
+        lines.append(f"  checkpoint: {a.checkpoint_gib:.1f} GiB each, {b['checkpoint_disk_gib']:.1f} GiB kept on disk")
+    for note in plan.notes:
+        lines.append(f"note: {note}")
+    lines.append("")
+    if plan.ok:
+        lines.append("plan: OK (an estimate; see the README for what it does not check)")
+    else:
+        lines.extend(f"plan: PROBLEM: {p}" for p in plan.problems)
+    return "\n".join(lines)

@@ -1,0 +1,142 @@
+"""`hacpo-train --config R --plan [--accelerate_config A]`: print the launch plan and check it, loading no weights.
+
+Reads the recipe, the accelerate config (or the launch environment) and every agent's ``config.json`` from a local
+folder or the Hugging Face cache, then hands the numbers to `hacpo_trl.plan`. Exit status: 0 when the plan passes,
+1 when a rank will not fit or a setting is inconsistent (each reason printed), 2 when the inputs cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import yaml
+
+from .plan import DATASET_ROWS, Launch, ModelDims, format_plan, launch_from_accelerate, launch_from_env, make_plan
+
+__all__ = ["main", "model_config"]
+
+
+def model_config(name_or_path: str) -> dict:
+    """A model's ``config.json`` as a mapping: a local folder, a built-in demo agent, or the Hub cache (offline)."""
+    if name_or_path.startswith("builtin:"):
+        return _builtin_config(name_or_path.split(":", 1)[1])
+    local = os.path.join(name_or_path, "config.json")
+    if os.path.isfile(local):
+        with open(local) as f:
+            return json.load(f)
+    if os.path.isdir(name_or_path):
+        raise ValueError(f"model folder {name_or_path!r} has no config.json")
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    try:
+        cached = try_to_load_from_cache(name_or_path, "config.json")
+    except ValueError:  # not a valid repository id either
+        cached = None
+    if not isinstance(cached, str):
+        raise ValueError(
+            f"cannot read config.json of {name_or_path!r}: not a local folder and not in the Hugging Face cache "
+            f"({HF_HUB_CACHE}). Fetch only that file with `huggingface-cli download {name_or_path} config.json` "
+            "(a few KB) or point model_name_or_path at a local folder"
+        )
+    with open(cached) as f:
+        return json.load(f)
+
+
+def _builtin_config(name: str) -> dict:
+    """The demo agent's architecture, from an untrained copy (tiny: no warm start, nothing cached)."""
+    from .demo import BUILTIN_AGENTS
+    from .tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
+
+    if name not in BUILTIN_AGENTS:
+        raise ValueError(f"unknown built-in agent {name!r}; available: {sorted(BUILTIN_AGENTS)}")
+    spec = BUILTIN_AGENTS[name]
+    tok = char_tokenizer() if spec.architecture == "llama" else bpe_tokenizer()
+    build = tiny_llama if spec.architecture == "llama" else tiny_qwen2
+    return build(tok, hidden_size=spec.hidden_size, layers=spec.layers, seed=spec.seed).config.to_dict()
+
+
+def _defaults() -> dict:
+    """`HACPOConfig`'s defaults (TRL's and ours) for what a recipe leaves out."""
+    import dataclasses
+
+    from .config import HACPOConfig
+
+    fields = dataclasses.fields(HACPOConfig)
+    return {f.name: f.default for f in fields if f.default is not dataclasses.MISSING and f.default is not None}
+
+
+def _dataset_rows(recipe: dict) -> int | None:
+    task = recipe.get("task", "arithmetic")
+    if task == "arithmetic":
+        from .tasks import arithmetic_splits
+
+        return len(arithmetic_splits()["train"])
+    if task == "math":
+        return DATASET_ROWS.get(recipe.get("dataset_name") or "DigitalLearningGmbH/MATH-lighteval")
+    return DATASET_ROWS.get(recipe.get("dataset_name"))
+
+
+def _overrides(rest: list[str]) -> dict:
+    """``--key value`` pairs after the plan's own flags: recipe settings given on the command line."""
+    out, i = {}, 0
+    while i < len(rest):
+        arg = rest[i]
+        if not arg.startswith("--"):
+            raise ValueError(f"unexpected argument {arg!r}")
+        key, _, value = arg[2:].partition("=")
+        if not value:
+            if i + 1 >= len(rest) or rest[i + 1].startswith("--"):
+                value, i = "true", i + 1
+            else:
+                value, i = rest[i + 1], i + 2
+        else:
+            i += 1
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    from .config import _as_specs, check_vllm_servers, vllm_servers
+    from .train import RecipeError, check_recipe, load_recipe
+
+    parser = argparse.ArgumentParser(prog="hacpo-train --plan", description=__doc__)
+    parser.add_argument("--config", required=True, help="the recipe")
+    parser.add_argument("--plan", action="store_true")
+    parser.add_argument("--accelerate_config", help="the accelerate config file the run will be launched with")
+    parser.add_argument("--gpu_memory_gib", type=float, default=79.6, help="memory of one GPU (80 GB cards: 79.6)")
+    parser.add_argument("--dataset_rows", type=int, default=None, help="prompts in the training split")
+    args, rest = parser.parse_known_args(argv)
+    try:
+        recipe = {**load_recipe(args.config), **_overrides(rest)}
+        if args.accelerate_config:
+            if not os.path.isfile(args.accelerate_config):
+                raise RecipeError(f"accelerate config {args.accelerate_config!r} does not exist")
+            with open(args.accelerate_config) as f:
+                launch = launch_from_accelerate(yaml.safe_load(f), source=os.path.basename(args.accelerate_config))
+        else:
+            launch = launch_from_env(dict(os.environ)) or Launch(
+                "cpu" if recipe.get("use_cpu") else "ddp",
+                source="assumed: no --accelerate_config and no launch environment",
+            )
+        check_recipe(recipe, num_processes=launch.num_processes)
+        specs = _as_specs(recipe["agents"])
+        check_vllm_servers(specs, recipe)
+        dims = {s.name: ModelDims.from_config(model_config(s.model_name_or_path)) for s in specs}
+        rows = args.dataset_rows if args.dataset_rows is not None else _dataset_rows(recipe)
+        agents = [{k: v for k, v in vars(s).items() if v is not None} for s in specs]
+        plan = make_plan({**_defaults(), **recipe, "agents": agents}, dims, launch, args.gpu_memory_gib, rows)
+        for name, (url, port) in vllm_servers(specs, recipe).items():
+            plan.notes.append(
+                f"agent {name!r} generates on the vLLM server {url} (weight-sync port {port}): start it on its own "
+                "GPU before the launch; its memory is not part of this plan"
+            )
+    except (RecipeError, ValueError, OSError) as exc:
+        print(f"hacpo-train --plan: error: {exc}", file=sys.stderr)
+        return 2
+    if os.environ.get("RANK", "0") == "0":  # inside a launch, one copy is enough
+        print(format_plan(plan), flush=True)
+    return 0 if plan.ok else 1

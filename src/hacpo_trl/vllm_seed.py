@@ -1,0 +1,41 @@
+"""Independent sampling noise per agent in vLLM colocate mode.
+
+TRL seeds each colocated vLLM engine with ``accelerator.process_index // vllm_tensor_parallel_size``. Inside HACPO that
+index is agent-local, so rank r of every agent would sample with seed r; both agents' rank r also get the same
+prompts (shared data seed), so their sampling noise could be correlated for as long as their batches line up, which
+understates the joint group's variance. Here the engine seed is offset by the agent's first global rank: every
+(agent, rank) pair gets its own engine seed (a single agent keeps TRL's seeds), while ``args.seed``, which orders the
+data, stays shared. Server mode takes its seed from each server's command line (``--seed``), see the README.
+"""
+
+from __future__ import annotations
+
+__all__ = ["engine_seed_offset", "use_agent_engine_seeds"]
+
+
+def engine_seed_offset(topology) -> int:
+    """The agent's first global rank (0 without a topology): above every engine seed of the agents before it."""
+    if topology is None:
+        return 0
+    return sum(topology.process_counts[: topology.agent_index])
+
+
+def use_agent_engine_seeds() -> None:
+    """Make TRL's colocated engines (built in `GRPOTrainer.__init__`) use this process's agent offset. Idempotent;
+    a no-op when vLLM is not installed."""
+    try:
+        from trl.generation import vllm_generation
+    except ImportError:
+        return
+    original = getattr(vllm_generation, "LLM", None)
+    if original is None or getattr(original, "_hacpo_agent_seeds", False):
+        return
+
+    def llm(*args, **kwargs):
+        from .topology import current_topology
+
+        kwargs["seed"] = (kwargs.get("seed") or 0) + engine_seed_offset(current_topology())
+        return original(*args, **kwargs)
+
+    llm._hacpo_agent_seeds = True
+    vllm_generation.LLM = llm
