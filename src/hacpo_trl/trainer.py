@@ -39,9 +39,9 @@ from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
 from .algorithm import CapabilityTracker, capability_aware_advantages
 from .config import HACPOConfig
-from .exchange import Exchange, ExchangeError, RolloutBatch
+from .exchange import Exchange, ExchangeError, RolloutBatch, end_startup
 from .retokenize import completion_text, peer_completion_ids
-from .topology import current_topology
+from .topology import at_exit, current_topology
 
 __all__ = ["HACPOTrainer", "PROMPT_ID_COLUMN"]
 
@@ -193,6 +193,9 @@ class HACPOTrainer(GRPOTrainer):
         )
         self.topology = current_topology()
         self.exchange = Exchange(self.topology)
+        client = getattr(getattr(self, "vllm_generation", None), "vllm_client", None)
+        if client is not None:  # vLLM server mode: TRL closes it at `atexit`, which our hard exit skips
+            at_exit(client.close_communicator)
         self.agent = spec.name
         self.agent_names = [s.name for s in args.specs]
         self.capability = CapabilityTracker(
@@ -238,6 +241,7 @@ class HACPOTrainer(GRPOTrainer):
         self._prepare_seconds = 0.0
         start = time.perf_counter()
         loss = super().training_step(model, inputs, num_items_in_batch)
+        end_startup()  # downloads, vLLM start-up and the first generation are behind every agent now
         self._metrics["train"]["hacpo/time/loss_and_backward"].append(
             time.perf_counter() - start - self._prepare_seconds
         )
