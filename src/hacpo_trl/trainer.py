@@ -796,6 +796,14 @@ class HACPOTrainer(GRPOTrainer):
                     f"agent (complete steps: { {a: s for a, m, s, _ in everyone if m} })"
                 )
             step = max(common)
+            lacking = [self.topology.describe_rank(r) for r, (_, _, s, _) in enumerate(everyone) if step not in s]
+            if lacking:  # every process loads the checkpoint (weights, its RNG state), not only the agent's main one
+                raise ValueError(
+                    f"resuming from step {step}, but {', '.join(lacking)} cannot see a complete checkpoint-{step} "
+                    "in its agent's output_dir. Every process of an agent reads the agent's checkpoints: without a "
+                    "filesystem shared by all nodes, copy each agent's checkpoint folder to the same path on every "
+                    "node that runs one of its processes (each node also keeps its own processes' rng_state files)."
+                )
             newer = [s for s in complete if s > step]
             if newer:
                 logger.warning(

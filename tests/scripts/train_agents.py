@@ -40,6 +40,7 @@ parser.add_argument("--exchange_timeout", type=float, default=120)
 parser.add_argument("--push", action="store_true", help="push every agent to <HF_ENDPOINT>/tester/<agent>")
 parser.add_argument("--other_prompts", type=int, default=-1, help="give agent i a different dataset")
 opts = parser.parse_args()
+node_rank = os.environ.get("GROUP_RANK")  # the launcher's machine rank (the rank variables are rewritten below)
 
 specs, builders = [], {}
 for i, item in enumerate(opts.agents.split(",")):
@@ -154,6 +155,10 @@ summary = {
     "agent_world": trainer.accelerator.num_processes,
     "agent_rank": trainer.accelerator.process_index,
     "global_rank": trainer.topology.global_rank,
+    "node_rank": node_rank,
+    "local_rank": os.environ["LOCAL_RANK"],  # agent-local, on this machine
+    "local_world_size": os.environ["LOCAL_WORLD_SIZE"],
+    "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     "output_dir": args.output_dir,
     "trainable_changed": [n for n in trainable if not before[n].equal(after[n].detach())],
     "trainable": trainable,
