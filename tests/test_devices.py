@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from conftest import accelerate_launch
+from hacpo_trl.placement import compute_placement
 
 pytestmark = [pytest.mark.devices, pytest.mark.timeout(300)]
 
@@ -121,3 +122,33 @@ def test_hacpo_train_restricts_devices_before_importing_trl(tmp_path):
     seen = json.loads((tmp_path / "seen.json").read_text())
     # reached through trl's own imports (trl -> transformers -> peft -> bitsandbytes), after the restriction
     assert seen == {"CUDA_VISIBLE_DEVICES": "2,3", "importing": ["trl", "transformers", "peft"]}
+
+
+def _placed(counts, rank, local_rank, local_world, visible=None):
+    env = {"WORLD_SIZE": str(sum(counts)), "RANK": str(rank), "LOCAL_RANK": str(local_rank),
+           "LOCAL_WORLD_SIZE": str(local_world)}  # fmt: skip
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    p = compute_placement(counts, env)
+    return p.agent_index, p.agent_rank, p.local_rank, p.local_world_size, p.devices
+
+
+def test_placement_of_agents_spanning_nodes():
+    """The review's example: agents of 12 + 4 processes on 2 nodes x 8 GPUs (ranks numbered per node)."""
+    node0 = [_placed([12, 4], r, r, 8) for r in range(8)]
+    node1 = [_placed([12, 4], 8 + r, r, 8) for r in range(8)]
+    all_eight = tuple(str(i) for i in range(8))
+    assert node0 == [(0, r, r, 8, all_eight) for r in range(8)]
+    assert node1[:4] == [(0, 8 + r, r, 4, ("0", "1", "2", "3")) for r in range(4)]
+    assert node1[4:] == [(1, r, r, 4, ("4", "5", "6", "7")) for r in range(4)]
+    # a scheduler that shows each node only some GPUs: the agent gets its slice of that list, in order
+    assert _placed([2, 2], 3, 3, 4, visible="4,5,6,7") == (1, 1, 1, 2, ("6", "7"))
+    assert _placed([2, 2], 3, 3, 4, visible="4,5") == (1, 1, 1, 2, None)  # too few listed: refused on GPUs
+    assert _placed([1, 1], 1, 1, 2, visible="") == (1, 0, 0, 1, None)  # all hidden (CPU): never unhidden
+
+
+def test_placement_needs_the_node_layout():
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE is not set: launch with `accelerate launch` or `torchrun`"):
+        compute_placement([1, 1], {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"})
+    with pytest.raises(ValueError, match=r"add up to 3, the launch has 2"):
+        compute_placement([2, 1], {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})

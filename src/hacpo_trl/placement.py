@@ -80,7 +80,10 @@ def compute_placement(counts: Sequence[int], environ: Mapping[str, str] = os.env
     # this node's launch-local ranks that belong to the agent
     mine = [r - node_start for r in range(node_start, node_start + node_world) if start <= r < start + count]
     visible = environ.get("CUDA_VISIBLE_DEVICES")
-    listed = [d.strip() for d in visible.split(",")] if visible else [str(i) for i in range(node_world)]
+    # unset: every GPU of the node; "" hides them all (a CPU run), and stays so
+    listed = (
+        [str(i) for i in range(node_world)] if visible is None else [d.strip() for d in visible.split(",") if d.strip()]
+    )
     devices = tuple(listed[i] for i in mine) if max(mine) < len(listed) else None
     return Placement(
         counts=counts,
