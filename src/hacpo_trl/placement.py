@@ -36,9 +36,6 @@ class Placement:
     devices: tuple[str, ...] | None  # this agent's entries of the node's CUDA_VISIBLE_DEVICES; None: too few listed
     node_devices: str | None  # CUDA_VISIBLE_DEVICES as the launcher set it (None: unset, every GPU of the node)
 
-    def describe(self) -> str:
-        return f"global rank {self.global_rank} (agent #{self.agent_index}, its rank {self.agent_rank})"
-
 
 def agent_slot(process_counts: Sequence[int], global_rank: int) -> tuple[int, int]:
     """(agent index, first global rank of that agent) of a global rank: agents take ranks in order."""

@@ -177,7 +177,12 @@ def _uses_cuda(use_cpu: bool) -> bool:
 
 
 def _check_devices_before_use(placement, agent: str) -> None:
-    """Refuse, on GPUs, what would make accelerate's ``cuda:LOCAL_RANK % device_count`` put two ranks on one GPU."""
+    """Refuse, on GPUs, what would make accelerate's ``cuda:LOCAL_RANK % device_count`` put two ranks on one GPU.
+
+    ``torch.cuda.is_initialized()`` misses one early initialisation: ``torch.cuda.is_available()`` alone runs the
+    driver's ``cuInit`` (fixing the visible devices) without marking torch's state. :func:`check_distinct_devices`
+    catches what that case leads to, two processes on one GPU, by UUID.
+    """
     me = f"agent {agent!r} (its rank {placement.agent_rank}, global rank {placement.global_rank})"
     if cuda_initialised_before_placement():
         raise RuntimeError(
