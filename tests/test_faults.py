@@ -33,6 +33,17 @@ def test_a_stuck_agent_makes_the_others_fail_after_the_exchange_timeout(tmp_path
     assert f"{QWEN} never reached this exchange" in proc.stderr and "exchange_timeout=8s" in proc.stderr
 
 
+def test_until_the_first_step_is_done_the_longer_start_up_bound_applies(tmp_path, launch):
+    """The first exchange of rollouts also waits for downloads and vLLM start-up: a hang there is reported after
+    `exchange_startup_timeout`, not `exchange_timeout` (the test above: a hang later uses `exchange_timeout`)."""
+    proc = launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "4", "--hang_reward", "1",
+                  "--hang_at_call", "1", "--exchange_timeout", "2", "--exchange_startup_timeout", "10",
+                  timeout=180, expect_ok=False)  # fmt: skip
+    assert proc.returncode != 0
+    assert f"hacpo: {LLAMA} failed: ExchangeError" in proc.stderr and "rollouts of step 0" in proc.stderr
+    assert f"{QWEN} never reached this exchange" in proc.stderr and "exchange_startup_timeout=10s" in proc.stderr
+
+
 def test_killed_run_and_truncated_checkpoint_resume_to_the_same_result(two_agents, tmp_path, launch):
     _, reference = two_agents
     out = tmp_path / "run"

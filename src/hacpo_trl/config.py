@@ -211,8 +211,15 @@ class HACPOConfig(GRPOConfig):
         peer_filter (`str`, *optional*, defaults to `"all"`):
             Which peer completions a learner trains on: `"all"` or `"correct"` (reward > 0). Baselines always use the
             whole joint group.
-        exchange_timeout (`float`, *optional*, defaults to `300`):
-            Seconds a process waits on the other agents in an exchange before failing with an error naming itself.
+        exchange_timeout (`float`, *optional*, defaults to `1800`):
+            Seconds a process waits in an exchange for every process of every agent to arrive, once training runs,
+            before failing with an error naming the absent ones. Agents exchange once per generation batch, so the
+            faster agent waits there for the slower one's whole generate + score + train cycle: the wait is the
+            agents' step-time gap (minutes for a 4B model with 4k-token completions), and the bound must exceed
+            it, and the slowest agent's checkpoint write. A hang is reported after this long.
+        exchange_startup_timeout (`float`, *optional*, defaults to `3600`):
+            The same bound for the exchanges until the first step is done (start-up settings, resume, the first
+            rollouts), which also wait for the slowest agent's model download, vLLM start-up and first generation.
 
         > Capability (Eqs. 8-9)
 
@@ -271,7 +278,10 @@ class HACPOConfig(GRPOConfig):
 
     share_rollouts: bool = field(default=True, metadata={"help": "Share completions between agents."})
     peer_filter: str = field(default="all", metadata={"help": "Peer rows to train on: 'all' or 'correct'."})
-    exchange_timeout: float = field(default=300.0, metadata={"help": "Seconds to wait on other agents."})
+    exchange_timeout: float = field(default=1800.0, metadata={"help": "Seconds to wait on other agents."})
+    exchange_startup_timeout: float = field(
+        default=3600.0, metadata={"help": "Seconds to wait on other agents until the first step is done."}
+    )
 
     capability_window: int = field(default=5, metadata={"help": "K, steps averaged into capability."})
     capability_metric: str = field(default="accuracy", metadata={"help": "'accuracy' or 'mean_reward'."})
@@ -314,8 +324,9 @@ class HACPOConfig(GRPOConfig):
                 "HACPO's ratio is sequence-level: `importance_sampling_level` must be 'sequence' (other levels only "
                 "with `share_rollouts: false`, where each agent trains with TRL's own loss)"
             )
-        if self.exchange_timeout <= 0:
-            raise ValueError(f"`exchange_timeout` must be > 0, got {self.exchange_timeout!r}")
+        for name in ("exchange_timeout", "exchange_startup_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"`{name}` must be > 0, got {getattr(self, name)!r}")
         self.loss_config()  # validates alpha, peer_delta, peer_delta_step, epsilons, ratio_mode, beta
         CapabilityTracker(["x"], window=self.capability_window, metric=self.capability_metric)  # validates
 
@@ -324,7 +335,12 @@ class HACPOConfig(GRPOConfig):
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)
         specs = self._specs or [AgentSpec(name="policy", num_processes=world)]
         topology: AgentTopology = init_agent_worlds(
-            [(s.name, s.num_processes) for s in specs], timeout_seconds=self.exchange_timeout
+            [(s.name, s.num_processes) for s in specs],
+            timeout_seconds=self.exchange_timeout,
+            startup_timeout_seconds=self.exchange_startup_timeout,
+            backend=self.ddp_backend,  # the agent world is made here, so accelerate's own choice never runs
+            agent_timeout_seconds=self.ddp_timeout,
+            use_cpu=self.use_cpu,
         )
         spec = next(s for s in specs if s.name == topology.agent)
         self.agent_spec = spec

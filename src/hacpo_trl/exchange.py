@@ -7,16 +7,18 @@ Only small CPU data travels: completion texts, rewards and per-sequence numbers.
 
 from __future__ import annotations
 
+import datetime
 import math
 import pickle
 import time
 from dataclasses import dataclass, field
 
 import torch
+from torch.distributed.distributed_c10d import AllgatherOptions
 
 from .topology import AgentTopology
 
-__all__ = ["ExchangeError", "Exchange", "RolloutBatch"]
+__all__ = ["ExchangeError", "Exchange", "RolloutBatch", "end_startup"]
 
 
 class ExchangeError(RuntimeError):
@@ -52,6 +54,13 @@ class RolloutBatch:
 
 
 _SEQUENCE = 0
+_STARTING = True  # until the first training step is done: exchanges then also wait for downloads, vLLM start-up
+
+
+def end_startup() -> None:
+    """The first step is done: from now on an exchange waits at most ``exchange_timeout`` (the per-step bound)."""
+    global _STARTING
+    _STARTING = False
 
 
 class Exchange:
@@ -90,6 +99,13 @@ class Exchange:
     def world_size(self) -> int:
         return self.topology.global_world_size
 
+    def _timeout(self) -> tuple[str, float]:
+        """(setting, seconds) bounding the next exchange: the wait for the slowest process to arrive."""
+        startup = self.topology.startup_timeout_seconds
+        if _STARTING and startup is not None and startup > self.topology.timeout_seconds:
+            return "exchange_startup_timeout", startup
+        return "exchange_timeout", self.topology.timeout_seconds
+
     def all_gather(self, obj, what: str = "data") -> list:
         """Every rank's ``obj``, in global-rank order. Raises :class:`ExchangeError` on failure or timeout."""
         group = self.topology.exchange_group
@@ -100,17 +116,20 @@ class Exchange:
         sequence = _SEQUENCE
         self._mark_arrival(sequence)
         payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        setting, seconds = self._timeout()
+        options = AllgatherOptions()
+        options.timeout = datetime.timedelta(seconds=seconds)
         try:
             size = torch.tensor([payload.numel()], dtype=torch.int64)
             sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
             started = time.perf_counter()
-            group.allgather([sizes], [size]).wait()  # also the point where every process has arrived
+            group.allgather([sizes], [size], options).wait()  # also the point where every process has arrived
             arrived = time.perf_counter()
             longest = int(max(s.item() for s in sizes))
             padded = torch.zeros(longest, dtype=torch.uint8)
             padded[: payload.numel()] = payload
             out = [torch.zeros(longest, dtype=torch.uint8) for _ in range(self.world_size)]
-            group.allgather([out], [padded]).wait()
+            group.allgather([out], [padded], options).wait()
             self.last_wait, self.last_transfer = arrived - started, time.perf_counter() - arrived
         except Exception as exc:  # gloo raises RuntimeError / DistBackendError on a dead peer or timeout
             me = self.topology.describe_rank(self.topology.global_rank)
@@ -122,7 +141,7 @@ class Exchange:
                 cause = f"{', '.join(absent)} never reached this exchange (stuck, or killed)"
             else:
                 cause = "no other process reported an error: one was killed or ran out of memory"
-            cause += f" (exchange_timeout={self.topology.timeout_seconds:g}s)"
+            cause += f" ({setting}={seconds:g}s)"
             raise ExchangeError(
                 f"{me}: exchanging {what} with the other agents failed ({type(exc).__name__}). Cause: {cause}"
             ) from exc

@@ -5,15 +5,22 @@ DDP would refuse heterogeneous models (and silently average gradients across sam
 every TRL gather, sampler shard, save gate and the vLLM path would treat all agents as one model. So, before any
 ``Accelerator`` (or ``TrainingArguments``) exists, each rank:
 
-1. finds its agent from the recipe's process counts (global ranks are given to agents in order);
+1. finds its agent from the recipe's process counts (global ranks are given to agents in order) and restricts
+   ``CUDA_VISIBLE_DEVICES`` to the agent's devices on this node (:mod:`hacpo_trl.placement`, torch-free, which
+   ``hacpo-train`` runs before importing trl, as CUDA ignores later rewrites);
 2. initialises torch's *default* process group as the agent's own world, on the launcher's store under an agent
-   prefix; accelerate, DDP, ZeRO/FSDP, vLLM colocate, saving and logging then see only that agent, unchanged;
+   prefix, with the backend and timeout accelerate would use (``ddp_backend`` or ``cuda:nccl,cpu:gloo`` on GPUs,
+   ``ddp_timeout``); accelerate, DDP, ZeRO/FSDP, vLLM colocate, saving and logging then see only that agent;
 3. rewrites ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` to agent-local values (accelerate reads
-   them) and ``CUDA_VISIBLE_DEVICES`` to the agent's devices on this node, so agents never share a GPU;
-4. joins a gloo *exchange group* over all ranks of all agents (only texts and per-sequence numbers travel).
+   them);
+4. joins a gloo *exchange group* over all ranks of all agents (only texts and per-sequence numbers travel), and
+   checks over it that no two processes of the launch use the same GPU (device UUIDs).
 
 Reusing the launcher's own store (``TORCHELASTIC_USE_AGENT_STORE``) avoids the hang where ranks wait as clients
-on a port nobody hosts, needs no extra port, and works across nodes since every rank can reach it.
+on a port nobody hosts and needs no extra *rendezvous* port. The store only brokers addresses: gloo (the exchange
+group, and CPU agent worlds) and NCCL then connect every pair of ranks directly on ephemeral ports, so on several
+nodes those ports must be open between the nodes, and ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` must name
+the interface the nodes reach each other on when the hostname resolves to another one (e.g. ``127.0.1.1``).
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["AgentTopology", "current_topology", "exit_process", "init_agent_worlds"]
+from .placement import agent_slot, cuda_initialised_before_placement, place_process
+
+__all__ = ["AgentTopology", "at_exit", "current_topology", "exit_process", "init_agent_worlds"]
 
 _TOPOLOGY: AgentTopology | None = None
 
@@ -46,18 +55,20 @@ class AgentTopology:
     global_rank: int
     global_world_size: int
     exchange_group: object | None  # ProcessGroupGloo over the whole launch, None for a single process
-    timeout_seconds: float
+    timeout_seconds: float  # bound on an exchange once training runs (exchange_timeout)
     store: object | None = None  # the launcher's store (prefixed), where failures are reported
+    startup_timeout_seconds: float | None = None  # bound on the exchanges up to the first step (None: as above)
+    device: str | None = None  # "<host> cuda:<i> <uuid>" of this process's GPU, None on CPU
 
     @property
     def peers(self) -> tuple[str, ...]:
         return tuple(a for a in self.agents if a != self.agent)
 
     def agent_of_rank(self, global_rank: int) -> str:
-        return self.agents[_slot(self.process_counts, global_rank)[0]]
+        return self.agents[agent_slot(self.process_counts, global_rank)[0]]
 
     def describe_rank(self, global_rank: int) -> str:
-        index, start = _slot(self.process_counts, global_rank)
+        index, start = agent_slot(self.process_counts, global_rank)
         return f"agent {self.agents[index]!r} (its rank {global_rank - start}, global rank {global_rank})"
 
     def report_failure(self, message: str) -> None:
@@ -98,13 +109,28 @@ class AgentTopology:
         _TOPOLOGY = None
 
 
+_EXIT_HOOKS: list = []
+
+
+def at_exit(hook) -> None:
+    """Run ``hook()`` in :func:`exit_process`, which skips ``atexit`` (e.g. TRL's vLLM ``close_communicator``)."""
+    _EXIT_HOOKS.append(hook)
+
+
 def exit_process(code: int = 0) -> None:
     """End a finished process without the interpreter's teardown.
 
     Everything is saved and reported by now (call after :meth:`AgentTopology.shutdown`). Tearing down live gloo
     connections while the other processes exit at their own pace occasionally aborted a process (SIGABRT) after
-    a complete run in our tests; this flushes what needs flushing and leaves at once.
+    a complete run in our tests; this runs the hooks of :func:`at_exit` (which ``os._exit`` would skip, as it skips
+    ``atexit``), flushes what needs flushing and leaves at once.
     """
+    while _EXIT_HOOKS:
+        hook = _EXIT_HOOKS.pop()
+        try:
+            hook()
+        except Exception as exc:  # noqa: BLE001 - the run is over; say what failed and still exit
+            print(f"hacpo: clean-up {getattr(hook, '__qualname__', hook)} failed: {exc!r}", file=sys.stderr)
     if "wandb" in sys.modules:
         import wandb
 
@@ -113,16 +139,6 @@ def exit_process(code: int = 0) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _slot(process_counts: Sequence[int], global_rank: int) -> tuple[int, int]:
-    """(agent index, first global rank of that agent) of a global rank: agents take ranks in order."""
-    start = 0
-    for index, count in enumerate(process_counts):
-        if global_rank < start + count:
-            return index, start
-        start += count
-    raise ValueError(f"global rank {global_rank} is outside the launch of {sum(process_counts)} processes")
 
 
 def current_topology() -> AgentTopology | None:
@@ -153,39 +169,100 @@ def _launcher_store(global_rank: int, world_size: int, timeout: datetime.timedel
     return dist.PrefixStore("/hacpo", store)
 
 
-def _local_ranks_on_node(global_rank: int, agent_start: int, agent_count: int) -> list[int]:
-    """This node's original local ranks that belong to the agent (torchrun numbers ranks contiguously per node)."""
-    local_rank = _env_int("LOCAL_RANK", 0)
-    local_world = _env_int("LOCAL_WORLD_SIZE", 1)
-    node_start = global_rank - local_rank
-    return [
-        r - node_start
-        for r in range(node_start, node_start + local_world)
-        if agent_start <= r < agent_start + agent_count
-    ]
+def _uses_cuda(use_cpu: bool) -> bool:
+    """Whether this process will train on a GPU (as accelerate decides; after the device list is restricted)."""
+    if use_cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true":
+        return False
+    return torch.cuda.is_available()
 
 
-def _restrict_cuda_devices(local_ranks: list[int]) -> None:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    devices = visible.split(",") if visible else [str(i) for i in range(max(local_ranks) + 1)]
-    if max(local_ranks) < len(devices):
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices[i] for i in local_ranks)
+def _check_devices_before_use(placement, agent: str) -> None:
+    """Refuse, on GPUs, what would make accelerate's ``cuda:LOCAL_RANK % device_count`` put two ranks on one GPU.
+
+    ``torch.cuda.is_initialized()`` misses one early initialisation: ``torch.cuda.is_available()`` alone runs the
+    driver's ``cuInit`` (fixing the visible devices) without marking torch's state. :func:`check_distinct_devices`
+    catches what that case leads to, two processes on one GPU, by UUID.
+    """
+    me = f"agent {agent!r} (its rank {placement.agent_rank}, global rank {placement.global_rank})"
+    if cuda_initialised_before_placement():
+        raise RuntimeError(
+            f"{me}: CUDA was initialised before HACPO restricted CUDA_VISIBLE_DEVICES to this agent's GPUs, so the "
+            "restriction would be ignored and agents would share GPUs. Something imported before the agent worlds "
+            "were set up touched CUDA (trl -> transformers -> peft imports bitsandbytes, which does, when it is "
+            "installed). Use `hacpo-train`, or call `hacpo_trl.placement.place_process([n_agent_0, n_agent_1, ...])` "
+            "at the very top of your script, before importing trl, transformers, peft or vllm."
+        )
+    visible = torch.cuda.device_count()
+    if placement.devices is None or visible < placement.local_world_size:
+        listed = placement.node_devices if placement.node_devices is not None else "unset (every GPU of the node)"
+        raise RuntimeError(
+            f"{me}: this agent has {placement.local_world_size} process(es) on this node but "
+            f"{visible if placement.devices is not None else 'not enough'} GPU(s) are visible to it "
+            f"(CUDA_VISIBLE_DEVICES {listed}): every process needs its own GPU. Launch fewer processes per node or "
+            "make more GPUs visible."
+        )
+
+
+def _device_identity(local_rank: int) -> str | None:
+    """The GPU accelerate will give this process (``cuda:LOCAL_RANK % device_count``), by UUID; None on CPU."""
+    import socket
+
+    index = local_rank % torch.cuda.device_count()
+    return f"{socket.gethostname()} cuda:{index} {torch.cuda.get_device_properties(index).uuid}"
+
+
+def check_distinct_devices(topology: AgentTopology) -> None:
+    """Over the exchange group: no two processes of the launch on one physical GPU, and no agent silently on CPU
+    while others use GPUs (e.g. an agent whose device list named GPUs the node does not have)."""
+    from .exchange import Exchange
+
+    everyone = Exchange(topology).all_gather(topology.device, what="device check")
+    owners: dict[str, int] = {}
+    for rank, device in enumerate(everyone):
+        if device is None:
+            continue
+        uuid = device.rsplit(" ", 1)[-1]
+        if uuid in owners:
+            first = owners[uuid]
+            raise RuntimeError(
+                f"{topology.describe_rank(first)} ({everyone[first]}) and {topology.describe_rank(rank)} ({device}) "
+                "use the same GPU. Each process needs its own: check CUDA_VISIBLE_DEVICES and the scheduler's GPU "
+                "binding (HACPO gives each agent its own slice of the GPUs the launcher shows on each node)."
+            )
+        owners[uuid] = rank
+    on_cpu = [topology.describe_rank(r) for r, d in enumerate(everyone) if d is None]
+    if owners and on_cpu:
+        raise RuntimeError(
+            f"{', '.join(on_cpu)} see no GPU while other processes train on GPUs: this node has fewer GPUs than "
+            "processes of the launch on it, or CUDA_VISIBLE_DEVICES lists GPUs that do not exist."
+        )
 
 
 def init_agent_worlds(
     agents: Sequence[tuple[str, int]],
     *,
-    timeout_seconds: float = 300.0,
+    timeout_seconds: float = 1800.0,
+    startup_timeout_seconds: float | None = None,
     backend: str | None = None,
+    agent_timeout_seconds: float = 1800.0,
+    use_cpu: bool = False,
 ) -> AgentTopology:
     """Split the launch into one torch world per agent plus an exchange group; call before any accelerate state.
 
     Args:
         agents: ``(name, num_processes)`` per agent, in order; their counts must add up to the launch's
             ``WORLD_SIZE``. Global ranks ``0..n0-1`` are the first agent, and so on.
-        timeout_seconds: bound on every collective of the exchange group and of the agent worlds' setup, so
-            that a dead agent makes the others fail instead of waiting forever.
-        backend: backend of each agent's world; default ``nccl`` when CUDA is available, else ``gloo``.
+        timeout_seconds: bound on an exchange once training runs (``exchange_timeout``), so that a dead or stuck
+            agent makes the others fail instead of waiting forever.
+        startup_timeout_seconds: bound on the exchanges before the first step has finished (settings, resume
+            checks, the first rollouts: they also wait for model downloads and vLLM start-up); None: as above.
+        backend: backend of each agent's world (``ddp_backend``); default ``cuda:nccl,cpu:gloo`` on GPUs, as
+            accelerate picks for FSDP with CPU offload or full state dicts, and ``gloo`` on CPU.
+        agent_timeout_seconds: timeout of each agent's world (``ddp_timeout``), as accelerate would pass it.
+        use_cpu: the run trains on CPU (``use_cpu``), whatever GPUs are visible.
+
+    On GPUs, raises if CUDA was initialised before the agent's devices were set, if fewer GPUs are visible than
+    the agent has processes on this node, or if two processes of the launch end up on one GPU.
 
     Idempotent for the same ``agents`` (a single process, which has no process groups, may switch); returns the
     topology.
@@ -220,9 +297,9 @@ def init_agent_worlds(
         raise ValueError(
             f"agents' `num_processes` add up to {total} ({detail}) but the launch has {world_size} process(es): {hint}"
         )
-    timeout = datetime.timedelta(seconds=timeout_seconds)
+    startup = max(timeout_seconds, startup_timeout_seconds or 0.0)
 
-    index, start = _slot(counts, global_rank)
+    index, start = agent_slot(counts, global_rank)
     name, count = names[index], counts[index]
     agent_rank = global_rank - start
 
@@ -236,35 +313,31 @@ def init_agent_worlds(
             "accelerate state exists. Create the HACPOConfig (or call init_agent_worlds) before anything else that "
             "touches accelerate (TrainingArguments, Accelerator, PartialState)."
         )
-    base = _launcher_store(global_rank, world_size, timeout)
-    exchange = dist.ProcessGroupGloo(dist.PrefixStore("exchange", base), global_rank, world_size, timeout)
-
-    node_local = _local_ranks_on_node(global_rank, start, count)
-    original_local_rank = _env_int("LOCAL_RANK", 0)
+    placement = place_process(counts)  # done already by hacpo-train, before trl was imported
+    cuda = _uses_cuda(use_cpu)
+    if cuda:
+        _check_devices_before_use(placement, name)
+    base = _launcher_store(global_rank, world_size, datetime.timedelta(seconds=startup))
+    exchange = dist.ProcessGroupGloo(
+        dist.PrefixStore("exchange", base), global_rank, world_size, datetime.timedelta(seconds=startup)
+    )
     os.environ.update(
         {
             "RANK": str(agent_rank),
             "WORLD_SIZE": str(count),
-            "LOCAL_RANK": str(node_local.index(original_local_rank)),
-            "LOCAL_WORLD_SIZE": str(len(node_local)),
+            "LOCAL_RANK": str(placement.local_rank),
+            "LOCAL_WORLD_SIZE": str(placement.local_world_size),
             "HACPO_AGENT": name,
             "HACPO_GLOBAL_RANK": str(global_rank),
         }
     )
-    _restrict_cuda_devices(node_local)
     _report_uncaught_exceptions()
-    if backend is None:
-        backend = (
-            "nccl"
-            if torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_CPU", "").lower() != "true"
-            else "gloo"
-        )
     dist.init_process_group(
-        backend=backend,
+        backend=backend or ("cuda:nccl,cpu:gloo" if cuda else "gloo"),
         store=dist.PrefixStore(f"agent/{name}", base),
         rank=agent_rank,
         world_size=count,
-        timeout=timeout,
+        timeout=datetime.timedelta(seconds=agent_timeout_seconds),
     )
     _TOPOLOGY = AgentTopology(
         tuple(names),
@@ -278,7 +351,10 @@ def init_agent_worlds(
         exchange,
         timeout_seconds,
         store=base,
+        startup_timeout_seconds=startup,
+        device=_device_identity(placement.local_rank) if cuda else None,
     )
+    check_distinct_devices(_TOPOLOGY)
     return _TOPOLOGY
 
 

@@ -206,6 +206,16 @@ def _plot(histories: dict[str, list[dict]], agents: list[str], path: str) -> Non
     plt.close(fig)
 
 
+def _place(recipe: dict, world: int) -> None:
+    """Give this process its agent's GPUs while CUDA cannot have been initialised yet (see `hacpo_trl.placement`).
+    A recipe whose process counts do not fit the launch is left to `check_recipe` to report."""
+    from .placement import place_process, process_counts
+
+    counts = process_counts(recipe)
+    if world > 1 and counts is not None and sum(counts) == world:
+        place_process(counts)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--plan" in argv:  # check the launch on paper: no weights, no process group
@@ -217,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         path = _config_path(argv)
         if path is not None:
             world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-            check_recipe(load_recipe(path), num_processes=world if "RANK" in os.environ else None)
+            recipe = load_recipe(path)
+            _place(recipe, world)  # before anything imports trl (and maybe CUDA)
+            check_recipe(recipe, num_processes=world if "RANK" in os.environ else None)
         from trl import TrlParser
 
         from .config import HACPOConfig

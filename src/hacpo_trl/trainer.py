@@ -39,9 +39,9 @@ from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
 from .algorithm import CapabilityTracker, capability_aware_advantages
 from .config import HACPOConfig
-from .exchange import Exchange, ExchangeError, RolloutBatch
+from .exchange import Exchange, ExchangeError, RolloutBatch, end_startup
 from .retokenize import completion_text, peer_completion_ids
-from .topology import current_topology
+from .topology import at_exit, current_topology
 from .vllm_seed import use_agent_engine_seeds
 
 __all__ = ["HACPOTrainer", "PROMPT_ID_COLUMN"]
@@ -195,6 +195,9 @@ class HACPOTrainer(GRPOTrainer):
         )
         self.topology = current_topology()
         self.exchange = Exchange(self.topology)
+        client = getattr(getattr(self, "vllm_generation", None), "vllm_client", None)
+        if client is not None:  # vLLM server mode: TRL closes it at `atexit`, which our hard exit skips
+            at_exit(client.close_communicator)
         self.agent = spec.name
         self.agent_names = [s.name for s in args.specs]
         self.capability = CapabilityTracker(
@@ -240,6 +243,7 @@ class HACPOTrainer(GRPOTrainer):
         self._prepare_seconds = 0.0
         start = time.perf_counter()
         loss = super().training_step(model, inputs, num_items_in_batch)
+        end_startup()  # downloads, vLLM start-up and the first generation are behind every agent now
         self._metrics["train"]["hacpo/time/loss_and_backward"].append(
             time.perf_counter() - start - self._prepare_seconds
         )
@@ -794,6 +798,14 @@ class HACPOTrainer(GRPOTrainer):
                     f"agent (complete steps: { {a: s for a, m, s, _ in everyone if m} })"
                 )
             step = max(common)
+            lacking = [self.topology.describe_rank(r) for r, (_, _, s, _) in enumerate(everyone) if step not in s]
+            if lacking:  # every process loads the checkpoint (weights, its RNG state), not only the agent's main one
+                raise ValueError(
+                    f"resuming from step {step}, but {', '.join(lacking)} cannot see a complete checkpoint-{step} "
+                    "in its agent's output_dir. Every process of an agent reads the agent's checkpoints: without a "
+                    "filesystem shared by all nodes, copy each agent's checkpoint folder to the same path on every "
+                    "node that runs one of its processes (each node also keeps its own processes' rng_state files)."
+                )
             newer = [s for s in complete if s > step]
             if newer:
                 logger.warning(

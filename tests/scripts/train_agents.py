@@ -33,13 +33,16 @@ parser.add_argument("--override", action="append", default=[], help="i:key=json,
 parser.add_argument("--report_to", default="none")
 parser.add_argument("--fail_reward", type=int, default=-1, help="agent i's reward raises at its 2nd call")
 parser.add_argument("--hang_reward", type=int, default=-1, help="agent i's reward hangs at its 2nd call")
+parser.add_argument("--hang_at_call", type=int, default=2, help="the reward call that --hang_reward hangs in")
 parser.add_argument("--die_at_step", default="", help="i:step, agent i's process SIGKILLs itself after that step")
 parser.add_argument("--die_while_saving", default="", help="i:step, agent i is SIGKILLed halfway through that save")
 parser.add_argument("--save_total_limit", type=int, default=None)
 parser.add_argument("--exchange_timeout", type=float, default=120)
+parser.add_argument("--exchange_startup_timeout", type=float, default=3600)
 parser.add_argument("--push", action="store_true", help="push every agent to <HF_ENDPOINT>/tester/<agent>")
 parser.add_argument("--other_prompts", type=int, default=-1, help="give agent i a different dataset")
 opts = parser.parse_args()
+node_rank = os.environ.get("GROUP_RANK")  # the launcher's machine rank (the rank variables are rewritten below)
 
 specs, builders = [], {}
 for i, item in enumerate(opts.agents.split(",")):
@@ -86,6 +89,7 @@ args = HACPOConfig(
     share_rollouts=not opts.no_share,
     seed=0,
     exchange_timeout=opts.exchange_timeout,
+    exchange_startup_timeout=opts.exchange_startup_timeout,
     peer_delta=opts.delta,
     lr_scheduler_type="constant",
 )
@@ -113,7 +117,7 @@ def has_digit(completions, **kwargs):
     calls.append(1)
     if len(calls) == 2 and opts.fail_reward == me:
         raise RuntimeError("reward exploded")
-    if len(calls) == 2 and opts.hang_reward == me:
+    if len(calls) == opts.hang_at_call and opts.hang_reward == me:
         time.sleep(600)
     return [1.0 if any(ch.isdigit() for ch in c[0]["content"]) else 0.0 for c in completions]
 
@@ -154,6 +158,10 @@ summary = {
     "agent_world": trainer.accelerator.num_processes,
     "agent_rank": trainer.accelerator.process_index,
     "global_rank": trainer.topology.global_rank,
+    "node_rank": node_rank,
+    "local_rank": os.environ["LOCAL_RANK"],  # agent-local, on this machine
+    "local_world_size": os.environ["LOCAL_WORLD_SIZE"],
+    "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     "output_dir": args.output_dir,
     "trainable_changed": [n for n in trainable if not before[n].equal(after[n].detach())],
     "trainable": trainable,

@@ -1,0 +1,154 @@
+"""GPU isolation between agents and the agent world's backend and timeout, on a CPU machine.
+
+Real `accelerate launch` runs of `scripts/devices_probe.py` (real ranks, environment, stores and gloo groups); only
+`torch.cuda` is simulated (`scripts/fake_cuda.py`: GPUs fixed from CUDA_VISIBLE_DEVICES at the first CUDA call,
+like the driver) and NCCL is recorded instead of created. accelerate's own device choice runs unchanged.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import accelerate_launch
+from hacpo_trl.placement import compute_placement
+
+pytestmark = [pytest.mark.devices, pytest.mark.timeout(300)]
+
+
+def probe(tmp_path, num_processes, *args):
+    out = tmp_path / "probe"
+    out.mkdir()
+    proc = accelerate_launch(num_processes, "devices_probe.py", "--out", str(out), *args, timeout=240)
+    places = [json.loads(p.read_text()) for p in sorted(out.glob("place-*.json"))]
+    return proc, sorted(places, key=lambda p: p["global_rank"])
+
+
+def test_each_agent_gets_its_own_gpus_and_accelerates_world_settings(tmp_path):
+    proc, places = probe(tmp_path, 4, "--counts", "2,2", "--gpus", "4", "--config",
+                         json.dumps({"ddp_timeout": 77, "exchange_timeout": 33}))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = [(p["agent"], p["agent_rank"], p["LOCAL_RANK"], p["LOCAL_WORLD_SIZE"], p["CUDA_VISIBLE_DEVICES"],
+            p["accelerate_device"], p["physical_gpu"]) for p in places]  # fmt: skip
+    assert got == [
+        ("agent0", 0, "0", "2", "0,1", "cuda:0", 0),
+        ("agent0", 1, "1", "2", "0,1", "cuda:1", 1),
+        ("agent1", 0, "0", "2", "2,3", "cuda:0", 2),
+        ("agent1", 1, "1", "2", "2,3", "cuda:1", 3),
+    ]
+    for p in places:
+        # the agent world as accelerate would make it on GPUs, with ddp_timeout, not the exchange's bound
+        assert p["agent_world"] == {"backend": "cuda:nccl,cpu:gloo", "timeout": 77.0}
+        assert p["exchange_timeouts"] == [33.0, 3600.0]
+        assert p["device"].endswith(f"GPU-node0-{p['physical_gpu']}")
+
+
+def test_cuda_initialised_by_an_import_before_the_setup_fails_loudly(tmp_path):
+    """bitsandbytes (imported by trl -> transformers -> peft) initialises CUDA: the later device restriction would
+    be ignored and agent1 would train on agent0's GPUs. Before the fix this launch succeeded that way."""
+    proc, places = probe(tmp_path, 2, "--counts", "1,1", "--gpus", "2", "--cuda_before")
+    assert proc.returncode != 0, f"ran with GPUs {[p['physical_gpu'] for p in places]}"
+    assert "CUDA was initialised before HACPO restricted CUDA_VISIBLE_DEVICES" in proc.stderr
+    assert "hacpo_trl.placement.place_process" in proc.stderr
+
+
+def test_placing_the_process_first_survives_an_early_cuda_import(tmp_path):
+    """What hacpo-train does: devices are restricted before the import that initialises CUDA; `ddp_backend` is
+    honoured for the agent world."""
+    proc, places = probe(tmp_path, 2, "--counts", "1,1", "--gpus", "2", "--cuda_before", "--place_first",
+                         "--config", json.dumps({"ddp_backend": "nccl"}))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [(p["CUDA_VISIBLE_DEVICES"], p["physical_gpu"]) for p in places] == [("0", 0), ("1", 1)]
+    assert [p["agent_world"]["backend"] for p in places] == ["nccl", "nccl"]
+
+
+def test_two_processes_on_one_physical_gpu_are_refused(tmp_path):
+    proc, _ = probe(tmp_path, 2, "--counts", "1,1", "--gpus", "2", "--same_uuid")
+    assert proc.returncode != 0
+    assert (
+        "agent 'agent0' (its rank 0, global rank 0) (vm cuda:0 GPU-0000) and agent 'agent1' (its rank 0, global "
+        "rank 1) (vm cuda:0 GPU-0000) use the same GPU"
+    ).replace("vm", os.uname().nodename) in proc.stderr
+
+
+def test_fewer_visible_gpus_than_processes_is_an_error(tmp_path, monkeypatch):
+    """Before the fix the restriction was skipped and agent1 silently shared agent0's GPU (cuda:0 % 1)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    proc, places = probe(tmp_path, 2, "--counts", "1,1", "--gpus", "2")
+    assert proc.returncode != 0, f"ran with GPUs {[p['physical_gpu'] for p in places]}"
+    assert "agent 'agent1' (its rank 0, global rank 1): this agent has 1 process(es) on this node but not enough " \
+           "GPU(s) are visible to it (CUDA_VISIBLE_DEVICES 0)" in proc.stderr  # fmt: skip
+
+
+def test_an_agent_left_without_a_gpu_is_an_error(tmp_path):
+    """One GPU on the node, two agents: agent1's device list names a GPU the node does not have, so CUDA shows it
+    none and it would train on CPU while agent0 uses the GPU."""
+    proc, _ = probe(tmp_path, 2, "--counts", "1,1", "--gpus", "1")
+    assert proc.returncode != 0
+    assert "agent 'agent1' (its rank 0, global rank 1) see no GPU while other processes train on GPUs" in proc.stderr
+
+
+FAKE_BITSANDBYTES = """
+import json, os, sys
+# what `import bitsandbytes` does on a GPU machine: initialise CUDA (which fixes the visible devices)
+json.dump({"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+           "importing": [m for m in ("trl", "transformers", "peft") if m in sys.modules]},
+          open(os.environ["FAKE_BNB_OUT"], "w"))
+os._exit(0)
+"""
+
+
+def test_hacpo_train_restricts_devices_before_importing_trl(tmp_path):
+    """The real import chain of `hacpo-train`: a bitsandbytes stand-in records CUDA_VISIBLE_DEVICES at the moment
+    peft imports it (where the real one initialises CUDA). Rank 2 of agents 2 + 2 must already see only GPUs 2,3."""
+    (tmp_path / "bitsandbytes").mkdir()
+    (tmp_path / "bitsandbytes" / "__init__.py").write_text(FAKE_BITSANDBYTES)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("agents:\n  - {name: a, model_name_or_path: x, num_processes: 2}\n"
+                      "  - {name: b, model_name_or_path: y, num_processes: 2}\n")  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        "FAKE_BNB_OUT": str(tmp_path / "seen.json"),
+        "RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
+    }  # fmt: skip
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    proc = subprocess.run([sys.executable, "-m", "hacpo_trl.train", "--config", str(recipe)], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and (tmp_path / "seen.json").exists(), proc.stderr[-3000:]
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    # reached through trl's own imports (trl -> transformers -> peft -> bitsandbytes), after the restriction
+    assert seen == {"CUDA_VISIBLE_DEVICES": "2,3", "importing": ["trl", "transformers", "peft"]}
+
+
+def _placed(counts, rank, local_rank, local_world, visible=None):
+    env = {"WORLD_SIZE": str(sum(counts)), "RANK": str(rank), "LOCAL_RANK": str(local_rank),
+           "LOCAL_WORLD_SIZE": str(local_world)}  # fmt: skip
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    p = compute_placement(counts, env)
+    return p.agent_index, p.agent_rank, p.local_rank, p.local_world_size, p.devices
+
+
+def test_placement_of_agents_spanning_nodes():
+    """The review's example: agents of 12 + 4 processes on 2 nodes x 8 GPUs (ranks numbered per node)."""
+    node0 = [_placed([12, 4], r, r, 8) for r in range(8)]
+    node1 = [_placed([12, 4], 8 + r, r, 8) for r in range(8)]
+    all_eight = tuple(str(i) for i in range(8))
+    assert node0 == [(0, r, r, 8, all_eight) for r in range(8)]
+    assert node1[:4] == [(0, 8 + r, r, 4, ("0", "1", "2", "3")) for r in range(4)]
+    assert node1[4:] == [(1, r, r, 4, ("4", "5", "6", "7")) for r in range(4)]
+    # a scheduler that shows each node only some GPUs: the agent gets its slice of that list, in order
+    assert _placed([2, 2], 3, 3, 4, visible="4,5,6,7") == (1, 1, 1, 2, ("6", "7"))
+    assert _placed([2, 2], 3, 3, 4, visible="4,5") == (1, 1, 1, 2, None)  # too few listed: refused on GPUs
+    assert _placed([1, 1], 1, 1, 2, visible="") == (1, 0, 0, 1, None)  # all hidden (CPU): never unhidden
+
+
+def test_placement_needs_the_node_layout():
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE is not set: launch with `accelerate launch` or `torchrun`"):
+        compute_placement([1, 1], {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"})
+    with pytest.raises(ValueError, match=r"add up to 3, the launch has 2"):
+        compute_placement([2, 1], {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
