@@ -561,17 +561,35 @@ class HACPOTrainer(GRPOTrainer):
         )
         return logps
 
+    def _on_any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank of this agent (a collective: every rank of the agent must call it)."""
+        if self.accelerator.num_processes == 1:
+            return flag
+        value = torch.tensor([int(flag)], device=self.accelerator.device)
+        return bool(self.accelerator.gather(value).max())
+
     def _clipped_peer_rows(self, model, inputs, update_index: int):
         """Peer rows whose ratio is outside the band now: they get no gradient, so they need no backward pass.
 
         One forward without gradient scores every peer row; the returned mask marks the rows to leave out of the
         gradient pass, with their (constant) objective and ratio. Returns None when nothing can be left out.
+
+        Under FSDP or ZeRO-3 every forward is a collective over the agent's ranks, and the ranks of one agent can hold
+        different numbers of peer rows (``peer_filter="correct"``, rejected or padding rows), so whether the scoring
+        forward runs is decided by all of them together: if any rank has a peer row to score, every rank runs it (a
+        rank with none scores one row and discards it). A per-rank decision deadlocks or crashes the agent's world.
         """
         from .algorithm import peer_objective, sequence_log_ratio, stepwise_lower_bound
 
         cfg = self.hacpo_loss_config
         candidates = inputs["hacpo_is_peer"] & inputs["hacpo_valid"]
-        if cfg.naive or not cfg.peer_clipping or not self.args.skip_clipped_peer_backward or not candidates.any():
+        if cfg.naive or not cfg.peer_clipping or not self.args.skip_clipped_peer_backward:
+            return None
+        if not self._on_any_rank(bool(candidates.any())):
+            return None
+        if not candidates.any():
+            with torch.no_grad():
+                self._row_logps(model, inputs, torch.arange(candidates.shape[0], device=candidates.device) == 0)
             return None
         with torch.no_grad():
             logps = self._row_logps(model, inputs, candidates)

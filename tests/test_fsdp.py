@@ -1,0 +1,31 @@
+"""FSDP2 inside each agent's world, on CPU over gloo (a real launch; see tests/scripts/cpu_fsdp.py).
+
+Under FSDP every forward is a collective over the agent's ranks: a forward that only some ranks run (HACPO's peer
+scoring forward, when the ranks of one agent hold different numbers of peer rows) makes the world crash on a
+mismatched collective or hang.
+"""
+
+import pytest
+
+from conftest import summaries
+
+pytestmark = [pytest.mark.fsdp, pytest.mark.timeout(600)]
+
+
+def test_fsdp_per_agent_with_uneven_peer_rows(tmp_path, launch):
+    # peer_filter=correct and only rank 0's completions correct: rank 0 of each agent trains on 4 peer rows, rank 1
+    # on none, so only rank 0 has peer rows to score in the second micro-step
+    launch(4, "train_agents.py", "--agents", "llama:2,qwen:2", "--out", str(tmp_path), "--steps", "2", "--fsdp",
+           "--peer_filter", "correct", "--correct_on_rank0", "--exchange_timeout", "60", timeout=240)  # fmt: skip
+    runs = summaries(tmp_path)
+    assert [(s["agent"], s["agent_rank"]) for s in runs] == [("llama0", 0), ("llama0", 1), ("qwen1", 0), ("qwen1", 1)]
+    for s in runs:
+        assert s["fsdp"] and s["sharded"] == ["DTensor"], s  # parameters are sharded over the agent's 2 ranks
+        assert s["agent_world"] == 2
+        assert s["peer_rows_here"] == ([4] if s["agent_rank"] == 0 else [0])
+        assert s["global_step"] == 2
+        assert s["trainable"] and s["trainable_changed"] == s["trainable"]
+    for agent in ("llama0", "qwen1"):
+        ranks = [s for s in runs if s["agent"] == agent]
+        assert ranks[0]["param_sum"] == ranks[1]["param_sum"]  # one model, gathered from its shards
+    assert runs[0]["param_sum"] != runs[2]["param_sum"]
