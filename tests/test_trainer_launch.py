@@ -162,6 +162,25 @@ def test_different_sampling_settings_fail_at_start_up(tmp_path, launch):
     assert not list(tmp_path.glob("summary-*.json"))
 
 
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        # per-agent GA: save_steps / max_steps (optimizer steps) would fall on different generation batches
+        (["--override", "1:gradient_accumulation_steps=2"], "`gradient_accumulation_steps` must be equal for every agent"),
+        # S = 3, GA = 2 for both: the stepwise peer bound's update index would be wrong
+        (["--steps_per_generation", "3", "--override", "0:gradient_accumulation_steps=2",
+          "--override", "1:gradient_accumulation_steps=2"], "would straddle generation batches"),
+    ],
+)  # fmt: skip
+def test_schedules_that_desynchronise_agents_fail_at_start_up(tmp_path, launch, options, message):
+    proc = launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "4", "--save_steps", "2", *options,
+                  timeout=180, expect_ok=False)  # fmt: skip
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert not list(tmp_path.glob("summary-*.json"))
+    assert not list(tmp_path.glob("*/checkpoint-*"))  # refused before training
+
+
 def test_agents_on_different_prompts_fail_instead_of_training(tmp_path, launch):
     proc = launch(2, "train_agents.py", "--out", str(tmp_path), "--other_prompts", "1", expect_ok=False)
     assert proc.returncode != 0

@@ -191,6 +191,12 @@ class HACPOTrainer(GRPOTrainer):
             peft_config=peft_config,
             **kwargs,
         )
+        if args.share_rollouts and self.aux_loss_enabled:
+            raise ValueError(
+                f"agent {spec.name!r}: {type(self.model).__name__} is a Mixture-of-Experts model, so TRL would add its "
+                f"router load-balancing loss (router_aux_loss_coef={self.router_aux_loss_coef}), but HACPO's loss "
+                "does not add it. Set `router_aux_loss_coef: 0.0`, or `share_rollouts: false` for TRL's own loss."
+            )
         self.topology = current_topology()
         self.exchange = Exchange(self.topology)
         self.agent = spec.name
