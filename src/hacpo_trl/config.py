@@ -33,6 +33,7 @@ SHARED_SETTINGS = (
     "data_seed",
     "shuffle_dataset",
     "max_completion_length",
+    "mask_truncated_completions",  # every learner must mask the same peers' unfinished completions
     "share_rollouts",
     "peer_filter",
     "capability_window",

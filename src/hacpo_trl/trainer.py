@@ -453,7 +453,12 @@ class HACPOTrainer(GRPOTrainer):
                 rejected += 1
                 continue
             truncated += view.truncated
-            valid = not (view.truncated and args.mask_truncated_completions)
+            # With mask_truncated_completions, a completion the generator did not finish (no EOS: TRL zeroed its mask,
+            # so the record holds 0 tokens and old log-prob 0) or that this learner had to cut is masked like TRL
+            # masks its own truncated rows: it stays in the baseline but gets no loss. A record with no generator
+            # tokens has no old log-prob to form a ratio with, in any mode.
+            cut = view.truncated or not term
+            valid = not (cut and args.mask_truncated_completions) and old_len > 0
             kept.append((pid, source, view.ids, adv, old_mean, old_len, valid))
 
         retokenize_time = time.perf_counter() - retokenize_start

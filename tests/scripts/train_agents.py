@@ -39,6 +39,7 @@ parser.add_argument("--save_total_limit", type=int, default=None)
 parser.add_argument("--exchange_timeout", type=float, default=120)
 parser.add_argument("--push", action="store_true", help="push every agent to <HF_ENDPOINT>/tester/<agent>")
 parser.add_argument("--other_prompts", type=int, default=-1, help="give agent i a different dataset")
+parser.add_argument("--stop_on_digits", action="store_true", help="digits are stop tokens as well as EOS")
 parser.add_argument("--fsdp", action="store_true", help="FSDP2 inside each agent's world (on CPU, see cpu_fsdp)")
 parser.add_argument("--peer_filter", default="all")
 parser.add_argument(
@@ -109,7 +110,10 @@ kind = builders[args.agent_name]
 base = os.path.join(opts.out, "bases", args.agent_name)
 if int(os.environ["RANK"]) == 0 and not os.path.isdir(base):  # the agent's own rank 0
     tok = char_tokenizer() if kind == "llama" else bpe_tokenizer()
-    (tiny_llama(tok, seed=1) if kind == "llama" else tiny_qwen2(tok, seed=2)).save_pretrained(base)
+    model = tiny_llama(tok, seed=1) if kind == "llama" else tiny_qwen2(tok, seed=2)
+    if opts.stop_on_digits:  # digits end a completion too (like EOS), so that many completions finish in 8 tokens
+        model.generation_config.eos_token_id = [tok.eos_token_id, *tok.convert_tokens_to_ids(list("0123456789"))]
+    model.save_pretrained(base)
     tok.save_pretrained(base)
 if torch.distributed.is_initialized():
     torch.distributed.barrier()  # the agent's world only
@@ -157,12 +161,21 @@ if my_steps(opts.die_while_saving):
 
     trainer._save_rng_state = dying_save_rng_state
 peer_rows_here = []  # peer rows this rank trains on, per generation batch
+peer_rows_finished = []  # peer completions of this rank's prompts that ended in EOS, per generation batch
 add_peer_rows = trainer._add_peer_rows
 
 
-def counting_add_peer_rows(batch, *rest):
-    batch = add_peer_rows(batch, *rest)
+def counting_add_peer_rows(batch, records, prompt_ids, *rest):
+    finished = sum(
+        done
+        for r in records
+        if r.agent != args.agent_name
+        for pid, done in zip(r.prompt_ids, r.terminated, strict=True)
+        if pid in prompt_ids
+    )
+    batch = add_peer_rows(batch, records, prompt_ids, *rest)
     peer_rows_here.append(int((batch["hacpo_is_peer"] & batch["hacpo_valid"]).sum()))
+    peer_rows_finished.append(finished)
     return batch
 
 
@@ -193,6 +206,7 @@ summary = {
     "fsdp": trainer.is_fsdp_enabled,
     "sharded": sorted({type(p).__name__ for p in trainer.model.parameters()}),
     "peer_rows_here": peer_rows_here,
+    "peer_rows_finished": peer_rows_finished,
     "param_sum": float(sum(p.detach().double().sum() for p in after.values())),
 }
 with open(os.path.join(opts.out, f"summary-{trainer.topology.global_rank}.json"), "w") as f:
