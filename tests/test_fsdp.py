@@ -6,6 +6,7 @@ mismatched collective or hang.
 """
 
 import pytest
+from transformers import AutoModelForCausalLM
 
 from conftest import summaries
 
@@ -16,7 +17,7 @@ def test_fsdp_per_agent_with_uneven_peer_rows(tmp_path, launch):
     # peer_filter=correct and only rank 0's completions correct: rank 0 of each agent trains on 4 peer rows, rank 1
     # on none, so only rank 0 has peer rows to score in the second micro-step
     launch(4, "train_agents.py", "--agents", "llama:2,qwen:2", "--out", str(tmp_path), "--steps", "2", "--fsdp",
-           "--peer_filter", "correct", "--correct_on_rank0", "--exchange_timeout", "60", timeout=240)  # fmt: skip
+           "--save_steps", "2", "--peer_filter", "correct", "--correct_on_rank0", "--exchange_timeout", "60", timeout=240)  # fmt: skip
     runs = summaries(tmp_path)
     assert [(s["agent"], s["agent_rank"]) for s in runs] == [("llama0", 0), ("llama0", 1), ("qwen1", 0), ("qwen1", 1)]
     for s in runs:
@@ -28,4 +29,9 @@ def test_fsdp_per_agent_with_uneven_peer_rows(tmp_path, launch):
     for agent in ("llama0", "qwen1"):
         ranks = [s for s in runs if s["agent"] == agent]
         assert ranks[0]["param_sum"] == ranks[1]["param_sum"]  # one model, gathered from its shards
+        # the checkpoint completed on every rank, and the saved model is the whole trained model
+        assert (tmp_path / agent / "checkpoint-2" / "hacpo_state.json").is_file()
+        saved = AutoModelForCausalLM.from_pretrained(tmp_path / agent)
+        total = float(sum(p.detach().double().sum() for p in saved.parameters()))
+        assert total == pytest.approx(ranks[0]["param_sum"], rel=1e-6)
     assert runs[0]["param_sum"] != runs[2]["param_sum"]
