@@ -35,3 +35,33 @@ def test_fsdp_per_agent_with_uneven_peer_rows(tmp_path, launch):
         total = float(sum(p.detach().double().sum() for p in saved.parameters()))
         assert total == pytest.approx(ranks[0]["param_sum"], rel=1e-6)
     assert runs[0]["param_sum"] != runs[2]["param_sum"]
+
+
+@pytest.mark.parametrize("sharded", [True, False])
+def test_held_out_evaluation_runs_on_every_rank_when_forwards_are_collective(monkeypatch, sharded):
+    """hacpo-train's evaluation generated on the agent's rank 0 alone: under FSDP / ZeRO-3 that forward waits for the
+    other ranks' shards forever. (Stubbed: the launch above shows what a one-rank forward does to an FSDP world.)"""
+    from types import SimpleNamespace
+
+    import hacpo_trl.evaluate
+    from hacpo_trl.train import _evaluate
+
+    calls = []
+    monkeypatch.setattr(
+        hacpo_trl.evaluate, "evaluate_model", lambda *a, **k: calls.append(1) or SimpleNamespace(avg_at_k=0.5)
+    )
+    monkeypatch.setattr("hacpo_trl.rewards.get_reward_funcs", lambda names: [None])
+
+    class Rows(list):  # the held-out split: a datasets.Dataset in the CLI
+        def select(self, rows):
+            return Rows(self[i] for i in rows)
+
+    script_args = SimpleNamespace(eval_samples=2, reward_funcs=["accuracy"])
+    for rank in (0, 1):
+        trainer = SimpleNamespace(
+            is_fsdp_enabled=sharded,
+            accelerator=SimpleNamespace(process_index=rank, unwrap_model=lambda m: m),
+            model=None, processing_class=None, args=SimpleNamespace(max_completion_length=8, chat_template_kwargs=None),
+        )  # fmt: skip
+        assert _evaluate(trainer, Rows([1, 2, 3, 4]), script_args) == (0.5 if rank == 0 else None)
+    assert len(calls) == (2 if sharded else 1)
