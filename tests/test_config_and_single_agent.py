@@ -173,3 +173,79 @@ def test_one_agent_equals_trl_gspo(tmp_path, steps_per_generation, share_rollout
     trl_losses = [e["loss"] for e in trl_trainer.state.log_history if "loss" in e]
     hacpo_losses = [e["loss"] for e in hacpo_trainer.state.log_history if "loss" in e]
     assert hacpo_losses == pytest.approx(trl_losses, rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"loss_type": "dapo"}, r"loss_type='dapo'"),
+        ({"entropy_coef": 0.01}, "entropy_coef"),
+        ({"use_adaptive_entropy": True}, "entropy_coef / use_adaptive_entropy"),
+        ({"delta": 2.0}, r"delta=2.0 \(TRL's two-sided ratio clip"),
+        ({"scale_rewards": "batch"}, r"scale_rewards='batch'"),
+        ({"scale_rewards": False}, r"scale_rewards='none'"),
+        ({"multi_objective_aggregation": "normalize_then_sum"}, "multi_objective_aggregation='normalize_then_sum'"),
+        ({"router_aux_loss_coef": 0.01}, r"router_aux_loss_coef=0.01 \(the MoE load-balancing loss"),
+    ],
+)
+def test_trl_settings_hacpo_would_ignore_are_refused_when_sharing(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=r"HACPO's loss \(share_rollouts=True\) would silently ignore: " + match):
+        HACPOConfig(output_dir=str(tmp_path), **kwargs, **COMMON)
+    cfg = HACPOConfig(output_dir=str(tmp_path), share_rollouts=False, **kwargs, **COMMON)  # TRL's own loss uses them
+    assert all(getattr(cfg, k) == v or k == "scale_rewards" for k, v in kwargs.items())
+
+
+def test_moe_router_loss_is_refused_when_sharing(tmp_path):
+    """TRL turns the router load-balancing loss on from the model's own config; HACPO's loss would drop it."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    tok = char_tokenizer()
+    config = MixtralConfig(
+        vocab_size=len(tok), hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, num_local_experts=2, num_experts_per_tok=1, pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    assert config.router_aux_loss_coef > 0
+    dataset = Dataset.from_dict({"prompt": ["1+1="] * 4})
+    common = dict(per_device_train_batch_size=2, num_generations=2, **COMMON)
+    with pytest.raises(ValueError, match=r"Mixture-of-Experts .* Set `router_aux_loss_coef: 0.0`"):
+        HACPOTrainer(
+            model=MixtralForCausalLM(config),
+            reward_funcs=_digit_share,
+            args=HACPOConfig(output_dir=str(tmp_path), **common),
+            train_dataset=dataset,
+            processing_class=tok,
+        )
+    trainer = HACPOTrainer(
+        model=MixtralForCausalLM(config),
+        reward_funcs=_digit_share,
+        args=HACPOConfig(output_dir=str(tmp_path), router_aux_loss_coef=0.0, **common),
+        train_dataset=dataset,
+        processing_class=tok,
+    )
+    assert not trainer.aux_loss_enabled
+
+
+@pytest.mark.parametrize(
+    "steps_per_generation, accumulation, num_iterations, ok",
+    [(4, 2, 1, True), (2, 4, 1, True), (3, 3, 1, True), (3, 2, 1, False), (3, 2, 2, True), (2, 3, 1, False)],
+)
+def test_updates_must_not_straddle_generation_batches(tmp_path, steps_per_generation, accumulation, num_iterations, ok):
+    """m = (micro-step mod S·I) // GA is the index of the optimizer update on a generation batch only when S·I is a
+    multiple of GA (or GA of S·I). E.g. S = 3, GA = 2: the second update takes micro-steps 2 and 3, one from each
+    generation batch."""
+    cfg = HACPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        num_generations=2,
+        steps_per_generation=steps_per_generation,
+        gradient_accumulation_steps=accumulation,
+        num_iterations=num_iterations,
+        save_strategy="no",  # the save-point check would refuse the default save_steps first (tested elsewhere)
+        **COMMON,
+    )
+    if ok:
+        cfg._check_update_schedule()
+    else:
+        with pytest.raises(ValueError, match="would straddle generation batches"):
+            cfg._check_update_schedule()

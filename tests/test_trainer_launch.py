@@ -162,6 +162,44 @@ def test_different_sampling_settings_fail_at_start_up(tmp_path, launch):
     assert not list(tmp_path.glob("summary-*.json"))
 
 
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        # per-agent GA: save_steps / max_steps (optimizer steps) would fall on different generation batches
+        (["--override", "1:gradient_accumulation_steps=2"], "`gradient_accumulation_steps` must be equal for every agent"),
+        # S = 3, GA = 2 for both: the stepwise peer bound's update index would be wrong
+        (["--steps_per_generation", "3", "--override", "0:gradient_accumulation_steps=2",
+          "--override", "1:gradient_accumulation_steps=2"], "would straddle generation batches"),
+    ],
+)  # fmt: skip
+def test_schedules_that_desynchronise_agents_fail_at_start_up(tmp_path, launch, options, message):
+    proc = launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "4", "--save_steps", "2", *options,
+                  timeout=180, expect_ok=False)  # fmt: skip
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert not list(tmp_path.glob("summary-*.json"))
+    assert not list(tmp_path.glob("*/checkpoint-*"))  # refused before training
+
+
+def test_unfinished_peer_completions_are_masked_like_trl_masks_its_own(tmp_path, launch):
+    """mask_truncated_completions: TRL zeroes the mask of a completion without EOS, so its record carries 0 tokens
+    and old log-prob 0. Every learner masks those peer rows (kept in the baseline, no loss), as TRL masks its own;
+    as valid rows they gave a bogus ratio, and in ratio_mode="sum" crashed the loss. Same tokenizer on both sides,
+    so no row is cut by re-tokenization: exactly the finished peer completions are trained on."""
+    options = [
+        o for i in (0, 1) for o in ("--override", f"{i}:mask_truncated_completions=true", "--override", f'{i}:ratio_mode="sum"')
+    ]  # fmt: skip
+    launch(2, "train_agents.py", "--agents", "llama:1,llama:1", "--out", str(tmp_path), "--steps", "2",
+           "--stop_on_digits", *options)  # fmt: skip
+    runs = summaries(tmp_path)
+    assert len(runs) == 2
+    for s in runs:
+        assert s["global_step"] == 2
+        assert len(s["peer_rows_here"]) == 1  # one generation batch of 4 prompts x 2 peer completions
+        assert 0 < s["peer_rows_finished"][0] < 8  # some peer completions finished, some were cut at the length limit
+        assert s["peer_rows_here"] == s["peer_rows_finished"]
+
+
 def test_agents_on_different_prompts_fail_instead_of_training(tmp_path, launch):
     proc = launch(2, "train_agents.py", "--out", str(tmp_path), "--other_prompts", "1", expect_ok=False)
     assert proc.returncode != 0

@@ -33,12 +33,14 @@ SHARED_SETTINGS = (
     "data_seed",
     "shuffle_dataset",
     "max_completion_length",
+    "mask_truncated_completions",  # every learner must mask the same peers' unfinished completions
     "share_rollouts",
     "peer_filter",
     "capability_window",
     "capability_metric",
     "save_strategy",  # agents checkpoint together, so that resuming finds a step every agent saved
     "save_steps",
+    "gradient_accumulation_steps",  # save_steps and max_steps count optimizer steps: equal GA keeps agents in step
 )
 
 # Fields an agent may not override: they define the run, not the agent.
@@ -348,8 +350,11 @@ class HACPOConfig(GRPOConfig):
         self._apply_agent(spec, several=len(specs) > 1)
         super().__post_init__()
         self._check_save_steps()
+        if self.share_rollouts:
+            self._reject_settings_hacpo_ignores()
         if len(specs) > 1:
             self._agree_with_other_agents(topology)
+            self._check_update_schedule()
         if self.naive:
             self.capability_baseline = False
         self.agents = {s.name: dataclasses.asdict(s) for s in specs} if self._specs else None
@@ -383,6 +388,50 @@ class HACPOConfig(GRPOConfig):
                 f"batch lasts {updates:g} optimizer updates (steps_per_generation x num_iterations / "
                 "gradient_accumulation_steps), and a run resumed from such a checkpoint trains out of phase. Use a "
                 "multiple of it"
+            )
+
+    def _reject_settings_hacpo_ignores(self) -> None:
+        """With sharing, HACPO's loss and advantages replace TRL's: TRL settings that only act there would be
+        silently ignored, so they are refused (`share_rollouts: false` keeps TRL's own loss, where they work)."""
+        ignored = []
+        if self.loss_type != "grpo":
+            ignored.append(f"loss_type={self.loss_type!r} (HACPO aggregates per sequence, like 'grpo')")
+        if self.entropy_coef or self.use_adaptive_entropy:
+            ignored.append("entropy_coef / use_adaptive_entropy (HACPO's loss has no entropy bonus)")
+        if self.delta is not None:
+            ignored.append(f"delta={self.delta!r} (TRL's two-sided ratio clip; HACPO's peer band is `peer_delta`)")
+        if self.scale_rewards != "group":
+            ignored.append(
+                f"scale_rewards={self.scale_rewards!r} (HACPO's advantages divide by the std of each joint group)"
+            )
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            ignored.append(
+                f"multi_objective_aggregation={self.multi_objective_aggregation!r} (HACPO sums the weighted rewards, "
+                "then normalizes over the joint group)"
+            )
+        if self.router_aux_loss_coef:
+            ignored.append(
+                f"router_aux_loss_coef={self.router_aux_loss_coef!r} (the MoE load-balancing loss is not added)"
+            )
+        if ignored:
+            raise ValueError(
+                "HACPO's loss (share_rollouts=True) would silently ignore: "
+                + "; ".join(ignored)
+                + ". Remove these settings, or set `share_rollouts: false` to train every agent with TRL's own loss."
+            )
+
+    def _check_update_schedule(self) -> None:
+        """The stepwise peer bound counts the optimizer updates made on a generation batch, m = (micro-step mod
+        S·I) // GA, with S = steps_per_generation and I = num_iterations. That is exact only if every update lies
+        inside one generation batch (S·I a multiple of GA) or spans whole ones (GA a multiple of S·I: m = 0)."""
+        per_generation = self.steps_per_generation * self.num_iterations
+        ga = self.gradient_accumulation_steps
+        if self.share_rollouts and per_generation % ga and ga % per_generation:
+            raise ValueError(
+                f"steps_per_generation x num_iterations = {per_generation} and gradient_accumulation_steps = {ga}: "
+                "optimizer updates would straddle generation batches, so the stepwise peer bound would use the wrong "
+                "update index. Make steps_per_generation x num_iterations a multiple of gradient_accumulation_steps "
+                f"(e.g. steps_per_generation = {ga * max(1, round(self.steps_per_generation / ga))})."
             )
 
     def _agree_with_other_agents(self, topology: AgentTopology) -> None:

@@ -164,7 +164,12 @@ def _dataset(script_args: HACPOScriptArguments):
 
 
 def _evaluate(trainer, test, script_args) -> float | None:
-    if test is None or script_args.eval_samples <= 0 or trainer.accelerator.process_index != 0:
+    """Held-out accuracy, reported by the agent's rank 0. Under FSDP or ZeRO-3 every forward is a collective over the
+    agent's ranks, so all of them generate (the same prompts) or rank 0 would wait forever for the other shards."""
+    if test is None or script_args.eval_samples <= 0:
+        return None
+    collective = getattr(trainer, "is_fsdp_enabled", False) or getattr(getattr(trainer, "_dist", None), "is_zero3", 0)
+    if trainer.accelerator.process_index != 0 and not collective:
         return None
     from .evaluate import evaluate_model
     from .rewards import get_reward_funcs
@@ -178,7 +183,7 @@ def _evaluate(trainer, test, script_args) -> float | None:
         max_new_tokens=min(16, trainer.args.max_completion_length),
         chat_template_kwargs=trainer.args.chat_template_kwargs,
     )
-    return result.avg_at_k
+    return result.avg_at_k if trainer.accelerator.process_index == 0 else None
 
 
 def _plot(histories: dict[str, list[dict]], agents: list[str], path: str) -> None:

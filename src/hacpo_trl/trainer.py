@@ -193,6 +193,12 @@ class HACPOTrainer(GRPOTrainer):
             peft_config=peft_config,
             **kwargs,
         )
+        if args.share_rollouts and self.aux_loss_enabled:
+            raise ValueError(
+                f"agent {spec.name!r}: {type(self.model).__name__} is a Mixture-of-Experts model, so TRL would add its "
+                f"router load-balancing loss (router_aux_loss_coef={self.router_aux_loss_coef}), but HACPO's loss "
+                "does not add it. Set `router_aux_loss_coef: 0.0`, or `share_rollouts: false` for TRL's own loss."
+            )
         self.topology = current_topology()
         self.exchange = Exchange(self.topology)
         client = getattr(getattr(self, "vllm_generation", None), "vllm_client", None)
@@ -453,7 +459,12 @@ class HACPOTrainer(GRPOTrainer):
                 rejected += 1
                 continue
             truncated += view.truncated
-            valid = not (view.truncated and args.mask_truncated_completions)
+            # With mask_truncated_completions, a completion the generator did not finish (no EOS: TRL zeroed its mask,
+            # so the record holds 0 tokens and old log-prob 0) or that this learner had to cut is masked like TRL
+            # masks its own truncated rows: it stays in the baseline but gets no loss. A record with no generator
+            # tokens has no old log-prob to form a ratio with, in any mode.
+            cut = view.truncated or not term
+            valid = not (cut and args.mask_truncated_completions) and old_len > 0
             kept.append((pid, source, view.ids, adv, old_mean, old_len, valid))
 
         retokenize_time = time.perf_counter() - retokenize_start
@@ -567,17 +578,35 @@ class HACPOTrainer(GRPOTrainer):
         )
         return logps
 
+    def _on_any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank of this agent (a collective: every rank of the agent must call it)."""
+        if self.accelerator.num_processes == 1:
+            return flag
+        value = torch.tensor([int(flag)], device=self.accelerator.device)
+        return bool(self.accelerator.gather(value).max())
+
     def _clipped_peer_rows(self, model, inputs, update_index: int):
         """Peer rows whose ratio is outside the band now: they get no gradient, so they need no backward pass.
 
         One forward without gradient scores every peer row; the returned mask marks the rows to leave out of the
         gradient pass, with their (constant) objective and ratio. Returns None when nothing can be left out.
+
+        Under FSDP or ZeRO-3 every forward is a collective over the agent's ranks, and the ranks of one agent can hold
+        different numbers of peer rows (``peer_filter="correct"``, rejected or padding rows), so whether the scoring
+        forward runs is decided by all of them together: if any rank has a peer row to score, every rank runs it (a
+        rank with none scores one row and discards it). A per-rank decision deadlocks or crashes the agent's world.
         """
         from .algorithm import peer_objective, sequence_log_ratio, stepwise_lower_bound
 
         cfg = self.hacpo_loss_config
         candidates = inputs["hacpo_is_peer"] & inputs["hacpo_valid"]
-        if cfg.naive or not cfg.peer_clipping or not self.args.skip_clipped_peer_backward or not candidates.any():
+        if cfg.naive or not cfg.peer_clipping or not self.args.skip_clipped_peer_backward:
+            return None
+        if not self._on_any_rank(bool(candidates.any())):
+            return None
+        if not candidates.any():
+            with torch.no_grad():
+                self._row_logps(model, inputs, torch.arange(candidates.shape[0], device=candidates.device) == 0)
             return None
         with torch.no_grad():
             logps = self._row_logps(model, inputs, candidates)

@@ -41,6 +41,15 @@ parser.add_argument("--exchange_timeout", type=float, default=120)
 parser.add_argument("--exchange_startup_timeout", type=float, default=3600)
 parser.add_argument("--push", action="store_true", help="push every agent to <HF_ENDPOINT>/tester/<agent>")
 parser.add_argument("--other_prompts", type=int, default=-1, help="give agent i a different dataset")
+parser.add_argument("--stop_on_digits", action="store_true", help="digits are stop tokens as well as EOS")
+parser.add_argument("--fsdp", action="store_true", help="FSDP2 inside each agent's world (on CPU, see cpu_fsdp)")
+parser.add_argument("--peer_filter", default="all")
+parser.add_argument(
+    "--correct_on_rank0",
+    action="store_true",
+    help="only completions made on an agent's rank 0 are correct (reward > 0): with peer_filter=correct, the ranks "
+    "of one agent then keep different numbers of peer rows",
+)
 opts = parser.parse_args()
 node_rank = os.environ.get("GROUP_RANK")  # the launcher's machine rank (the rank variables are rewritten below)
 
@@ -70,6 +79,11 @@ for i, item in enumerate(opts.agents.split(",")):
     )
     builders[name] = kind
 
+if opts.fsdp:
+    from cpu_fsdp import enable_cpu_fsdp
+
+    enable_cpu_fsdp()
+
 args = HACPOConfig(
     output_dir=opts.out,
     agents=specs,
@@ -92,6 +106,7 @@ args = HACPOConfig(
     exchange_startup_timeout=opts.exchange_startup_timeout,
     peer_delta=opts.delta,
     lr_scheduler_type="constant",
+    peer_filter=opts.peer_filter,
 )
 
 # Each agent starts from a saved base model, as a real run would (LoRA adapters then record their base).
@@ -99,7 +114,10 @@ kind = builders[args.agent_name]
 base = os.path.join(opts.out, "bases", args.agent_name)
 if int(os.environ["RANK"]) == 0 and not os.path.isdir(base):  # the agent's own rank 0
     tok = char_tokenizer() if kind == "llama" else bpe_tokenizer()
-    (tiny_llama(tok, seed=1) if kind == "llama" else tiny_qwen2(tok, seed=2)).save_pretrained(base)
+    model = tiny_llama(tok, seed=1) if kind == "llama" else tiny_qwen2(tok, seed=2)
+    if opts.stop_on_digits:  # digits end a completion too (like EOS), so that many completions finish in 8 tokens
+        model.generation_config.eos_token_id = [tok.eos_token_id, *tok.convert_tokens_to_ids(list("0123456789"))]
+    model.save_pretrained(base)
     tok.save_pretrained(base)
 if torch.distributed.is_initialized():
     torch.distributed.barrier()  # the agent's world only
@@ -119,6 +137,9 @@ def has_digit(completions, **kwargs):
         raise RuntimeError("reward exploded")
     if len(calls) == opts.hang_at_call and opts.hang_reward == me:
         time.sleep(600)
+    if opts.correct_on_rank0:  # rank 0: every completion correct (but not equally good); other ranks: none
+        on_rank0 = int(os.environ["RANK"]) == 0  # the agent-local rank
+        return [(1.0 if any(ch.isdigit() for ch in c[0]["content"]) else 0.5) * on_rank0 for c in completions]
     return [1.0 if any(ch.isdigit() for ch in c[0]["content"]) else 0.0 for c in completions]
 
 
@@ -143,12 +164,33 @@ if my_steps(opts.die_while_saving):
         return save_rng_state(output_dir)
 
     trainer._save_rng_state = dying_save_rng_state
+peer_rows_here = []  # peer rows this rank trains on, per generation batch
+peer_rows_finished = []  # peer completions of this rank's prompts that ended in EOS, per generation batch
+add_peer_rows = trainer._add_peer_rows
+
+
+def counting_add_peer_rows(batch, records, prompt_ids, *rest):
+    finished = sum(
+        done
+        for r in records
+        if r.agent != args.agent_name
+        for pid, done in zip(r.prompt_ids, r.terminated, strict=True)
+        if pid in prompt_ids
+    )
+    batch = add_peer_rows(batch, records, prompt_ids, *rest)
+    peer_rows_here.append(int((batch["hacpo_is_peer"] & batch["hacpo_valid"]).sum()))
+    peer_rows_finished.append(finished)
+    return batch
+
+
+trainer._add_peer_rows = counting_add_peer_rows
 before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 resume = True if opts.resume else None
 for step in my_steps(*opts.resume_step):
     resume = os.path.join(args.output_dir, f"checkpoint-{step}")
 trainer.train(resume_from_checkpoint=resume)
-after = dict(trainer.model.named_parameters())
+# under FSDP each rank holds a shard (a DTensor); compare whole parameters (`full_tensor` is a collective)
+after = {n: p.full_tensor() if hasattr(p, "full_tensor") else p for n, p in trainer.model.named_parameters()}
 trainable = [n for n, p in after.items() if p.requires_grad]
 frozen = [n for n, p in after.items() if not p.requires_grad]
 trainer.save_model()
@@ -169,7 +211,11 @@ summary = {
     "log_history": trainer.state.log_history,
     "capability": trainer.capability.state_dict(),
     "global_step": trainer.state.global_step,
-    "param_sum": float(sum(p.detach().double().sum() for p in trainer.model.parameters())),
+    "fsdp": trainer.is_fsdp_enabled,
+    "sharded": sorted({type(p).__name__ for p in trainer.model.parameters()}),
+    "peer_rows_here": peer_rows_here,
+    "peer_rows_finished": peer_rows_finished,
+    "param_sum": float(sum(p.detach().double().sum() for p in after.values())),
 }
 with open(os.path.join(opts.out, f"summary-{trainer.topology.global_rank}.json"), "w") as f:
     json.dump(summary, f, default=str)

@@ -1,0 +1,67 @@
+"""FSDP2 inside each agent's world, on CPU over gloo (a real launch; see tests/scripts/cpu_fsdp.py).
+
+Under FSDP every forward is a collective over the agent's ranks: a forward that only some ranks run (HACPO's peer
+scoring forward, when the ranks of one agent hold different numbers of peer rows) makes the world crash on a
+mismatched collective or hang.
+"""
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from conftest import summaries
+
+pytestmark = [pytest.mark.fsdp, pytest.mark.timeout(600)]
+
+
+def test_fsdp_per_agent_with_uneven_peer_rows(tmp_path, launch):
+    # peer_filter=correct and only rank 0's completions correct: rank 0 of each agent trains on 4 peer rows, rank 1
+    # on none, so only rank 0 has peer rows to score in the second micro-step
+    launch(4, "train_agents.py", "--agents", "llama:2,qwen:2", "--out", str(tmp_path), "--steps", "2", "--fsdp",
+           "--save_steps", "2", "--peer_filter", "correct", "--correct_on_rank0", "--exchange_timeout", "60", timeout=240)  # fmt: skip
+    runs = summaries(tmp_path)
+    assert [(s["agent"], s["agent_rank"]) for s in runs] == [("llama0", 0), ("llama0", 1), ("qwen1", 0), ("qwen1", 1)]
+    for s in runs:
+        assert s["fsdp"] and s["sharded"] == ["DTensor"], s  # parameters are sharded over the agent's 2 ranks
+        assert s["agent_world"] == 2
+        assert s["peer_rows_here"] == ([4] if s["agent_rank"] == 0 else [0])
+        assert s["global_step"] == 2
+        assert s["trainable"] and s["trainable_changed"] == s["trainable"]
+    for agent in ("llama0", "qwen1"):
+        ranks = [s for s in runs if s["agent"] == agent]
+        assert ranks[0]["param_sum"] == ranks[1]["param_sum"]  # one model, gathered from its shards
+        # the checkpoint completed on every rank, and the saved model is the whole trained model
+        assert (tmp_path / agent / "checkpoint-2" / "hacpo_state.json").is_file()
+        saved = AutoModelForCausalLM.from_pretrained(tmp_path / agent)
+        total = float(sum(p.detach().double().sum() for p in saved.parameters()))
+        assert total == pytest.approx(ranks[0]["param_sum"], rel=1e-6)
+    assert runs[0]["param_sum"] != runs[2]["param_sum"]
+
+
+@pytest.mark.parametrize("sharded", [True, False])
+def test_held_out_evaluation_runs_on_every_rank_when_forwards_are_collective(monkeypatch, sharded):
+    """hacpo-train's evaluation generated on the agent's rank 0 alone: under FSDP / ZeRO-3 that forward waits for the
+    other ranks' shards forever. (Stubbed: the launch above shows what a one-rank forward does to an FSDP world.)"""
+    from types import SimpleNamespace
+
+    import hacpo_trl.evaluate
+    from hacpo_trl.train import _evaluate
+
+    calls = []
+    monkeypatch.setattr(
+        hacpo_trl.evaluate, "evaluate_model", lambda *a, **k: calls.append(1) or SimpleNamespace(avg_at_k=0.5)
+    )
+    monkeypatch.setattr("hacpo_trl.rewards.get_reward_funcs", lambda names: [None])
+
+    class Rows(list):  # the held-out split: a datasets.Dataset in the CLI
+        def select(self, rows):
+            return Rows(self[i] for i in rows)
+
+    script_args = SimpleNamespace(eval_samples=2, reward_funcs=["accuracy"])
+    for rank in (0, 1):
+        trainer = SimpleNamespace(
+            is_fsdp_enabled=sharded,
+            accelerator=SimpleNamespace(process_index=rank, unwrap_model=lambda m: m),
+            model=None, processing_class=None, args=SimpleNamespace(max_completion_length=8, chat_template_kwargs=None),
+        )  # fmt: skip
+        assert _evaluate(trainer, Rows([1, 2, 3, 4]), script_args) == (0.5 if rank == 0 else None)
+    assert len(calls) == (2 if sharded else 1)
