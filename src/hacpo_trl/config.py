@@ -349,12 +349,12 @@ class HACPOConfig(GRPOConfig):
         self.agent_name = spec.name
         self._apply_agent(spec, several=len(specs) > 1)
         super().__post_init__()
-        self._check_save_steps()
         if self.share_rollouts:
             self._reject_settings_hacpo_ignores()
         if len(specs) > 1:
             self._agree_with_other_agents(topology)
             self._check_update_schedule()
+        self._check_save_steps()  # after the schedule check: a straddling schedule is the error to report first
         if self.naive:
             self.capability_baseline = False
         self.agents = {s.name: dataclasses.asdict(s) for s in specs} if self._specs else None
