@@ -709,6 +709,15 @@ class HACPOTrainer(GRPOTrainer):
 
     # -------------------------------------------------------------------------------------- saving and resume
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+        """As `Trainer.save_model`; the agent's final folder also gets the HACPO model card (TRL writes it only
+        into checkpoints and on push, so a saved agent would otherwise carry no card, or PEFT's blank one)."""
+        super().save_model(output_dir, _internal_call)
+        if not _internal_call and os.path.abspath(output_dir or self.args.output_dir) == os.path.abspath(
+            self.args.output_dir
+        ):
+            self.create_model_card()
+
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, **kwargs):
         """TRL's card, plus what a HACPO agent needs to be understood: its peers, the recipe and final metrics."""
         config = getattr(self.model, "config", None)
