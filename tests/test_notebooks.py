@@ -28,9 +28,14 @@ def test_notebook_runs(path, tmp_path, monkeypatch, builtin_cache):
         assert (run / "hacpo_curves.png").stat().st_size > 10_000
         for agent in agents:
             assert f"{agent:12s} held-out accuracy" in printed and f"{agent} ->" in printed
-    else:
-        run, agents = tmp_path / "custom" / "run", ["char-llama", "bpe-qwen"]
+    else:  # a real pretrained model (SmolLM2-135M-Instruct, LoRA) and a tiny model built from a config
+        run, agents = tmp_path / "custom" / "run", ["smollm2", "char-llama"]
         for agent in agents:
-            assert printed.count(f"{agent:10s} ") == 2  # before and after
+            assert printed.count(f"{agent:10s} before ") == 1 and printed.count(f"{agent:10s} after ") == 1
+        assert "stop token '<|im_end|>'" in printed and "You are a helpful AI assistant named SmolLM" in printed
+        adapter = run / "smollm2"
+        assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
+        assert "HuggingFaceTB/SmolLM2-135M-Instruct" in (adapter / "README.md").read_text()
+        agents = ["char-llama"]
     for agent in agents:
         assert (run / agent / "config.json").is_file() and (run / agent / "model.safetensors").is_file()

@@ -106,5 +106,8 @@ def build_agent(name: str, directory: str | None = None) -> str:
 def resolve_model(name_or_path: str) -> str:
     """``builtin:<name>`` -> the cached folder of that agent (built on first use); anything else unchanged."""
     if isinstance(name_or_path, str) and name_or_path.startswith(PREFIX):
-        return build_agent(name_or_path[len(PREFIX) :])
+        from .pretrained import PRETRAINED, build_pretrained  # real pretrained models (builtin:smollm2-...)
+
+        name = name_or_path[len(PREFIX) :]
+        return build_pretrained(name) if name in PRETRAINED else build_agent(name)
     return name_or_path

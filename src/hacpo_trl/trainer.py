@@ -39,7 +39,9 @@ from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
 from .algorithm import CapabilityTracker, capability_aware_advantages
 from .config import HACPOConfig
+from .demo import resolve_model
 from .exchange import Exchange, ExchangeError, RolloutBatch, end_startup
+from .pretrained import original_model
 from .retokenize import completion_text, peer_completion_ids
 from .topology import at_exit, current_topology
 from .vllm_seed import use_agent_engine_seeds
@@ -165,6 +167,8 @@ class HACPOTrainer(GRPOTrainer):
             if not spec.model_name_or_path:
                 raise ValueError(f"agent {spec.name!r} has no `model_name_or_path` and no model was passed")
             model = spec.model_name_or_path
+        if isinstance(model, str):
+            model = resolve_model(model)  # `builtin:<name>`, as in recipes: the cached folder
         self._base_model = (
             model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         )
@@ -740,9 +744,27 @@ class HACPOTrainer(GRPOTrainer):
 
     # -------------------------------------------------------------------------------------- saving and resume
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+        """As `Trainer.save_model`; the agent's final folder also gets the HACPO model card (TRL writes it only
+        into checkpoints and on push, so a saved agent would otherwise carry no card, or PEFT's blank one)."""
+        super().save_model(output_dir, _internal_call)
+        if not _internal_call and os.path.abspath(output_dir or self.args.output_dir) == os.path.abspath(
+            self.args.output_dir
+        ):
+            self.create_model_card()
+
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, **kwargs):
         """TRL's card, plus what a HACPO agent needs to be understood: its peers, the recipe and final metrics."""
-        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        config = getattr(self.model, "config", None)
+        original = original_model(self._base_model)  # a built-in copy of a Hub model: the card names the Hub model
+        saved = getattr(config, "_name_or_path", None)
+        if original and config is not None:
+            config._name_or_path = original  # TRL's card takes `base_model` from it (and omits local folders)
+        try:
+            super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        finally:
+            if original and config is not None:
+                config._name_or_path = saved
         if not self.is_world_process_zero():
             return
         path = os.path.join(self.args.output_dir, "README.md")
@@ -756,6 +778,8 @@ class HACPOTrainer(GRPOTrainer):
         lines = ["", "", "## HACPO", ""]
         lines.append(f"This model is agent `{self.agent}` of a HACPO run (arXiv 2603.02604), trained with `hacpo-trl`.")
         lines.append(f"Base model: `{self._base_model or 'in-memory model'}`.")
+        if original_model(self._base_model):
+            lines.append(f"It is an offline copy of `{original_model(self._base_model)}` (see its README.md).")
         lines.append("")
         peers = [s for s in args.specs if s.name != self.agent]
         if peers and args.share_rollouts:

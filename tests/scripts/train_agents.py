@@ -15,11 +15,18 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from hacpo_trl import AgentSpec, HACPOConfig, HACPOTrainer
+from hacpo_trl.demo import resolve_model
+from hacpo_trl.rewards import arithmetic_exact_match
+from hacpo_trl.tasks import arithmetic_splits
 from hacpo_trl.tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
 from hacpo_trl.topology import exit_process
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--agents", default="llama:1,qwen:1", help="kind:num_processes[:lora], in launch order")
+parser.add_argument(
+    "--agents",
+    default="llama:1,qwen:1",
+    help="kind:num_processes[:lora], in launch order; kind llama, qwen or builtin=NAME",
+)
 parser.add_argument("--out", required=True)
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--no_share", action="store_true")
@@ -50,27 +57,32 @@ parser.add_argument(
     help="only completions made on an agent's rank 0 are correct (reward > 0): with peer_filter=correct, the ranks "
     "of one agent then keep different numbers of peer rows",
 )
+parser.add_argument("--task", default="digits", help="digits (4x4 sums, any digit scores) or arithmetic (built-in)")
+parser.add_argument("--lora_targets", default="q_proj,v_proj")
+parser.add_argument("--max_completion_length", type=int, default=8)
+parser.add_argument("--learning_rate", type=float, default=None, help="every agent's (default: for random tiny ones)")
+parser.add_argument("--record_peers", action="store_true", help="write the peer rows of the first step")
 opts = parser.parse_args()
 node_rank = os.environ.get("GROUP_RANK")  # the launcher's machine rank (the rank variables are rewritten below)
 
 specs, builders = [], {}
 for i, item in enumerate(opts.agents.split(",")):
     kind, procs, *flags = item.split(":")
-    name = f"{kind}{i}"
+    name = f"{kind.split('=')[-1]}{i}"
     extra = {
         k: json.loads(v)
         for j, kv in (o.split(":", 1) for o in opts.override)
         if int(j) == i
         for k, v in [kv.split("=", 1)]
     }
-    lora = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]} if "lora" in flags else None
+    lora = {"r": 4, "lora_alpha": 8, "target_modules": opts.lora_targets.split(",")} if "lora" in flags else None
     specs.append(
         AgentSpec(
             name=name,
             num_processes=int(procs),
             lora=lora,
             hub_model_id=f"tester/{name}" if opts.push else None,
-            learning_rate=0.05 if lora is None else 0.2,
+            learning_rate=opts.learning_rate or (0.05 if lora is None else 0.2),
             overrides={
                 "per_device_train_batch_size": opts.generation_batch // opts.steps_per_generation // int(procs),
                 **extra,
@@ -91,7 +103,7 @@ args = HACPOConfig(
     bf16=False,
     num_generations=2,
     steps_per_generation=opts.steps_per_generation,
-    max_completion_length=8,
+    max_completion_length=opts.max_completion_length,
     max_steps=opts.steps,
     logging_steps=1,
     report_to=opts.report_to.split(","),
@@ -112,7 +124,11 @@ args = HACPOConfig(
 # Each agent starts from a saved base model, as a real run would (LoRA adapters then record their base).
 kind = builders[args.agent_name]
 base = os.path.join(opts.out, "bases", args.agent_name)
-if int(os.environ["RANK"]) == 0 and not os.path.isdir(base):  # the agent's own rank 0
+if kind.startswith("builtin="):  # a built-in agent (or real pretrained model) from the hacpo cache
+    base = kind.replace("=", ":")
+    if int(os.environ["RANK"]) == 0:
+        resolve_model(base)  # the agent's own rank 0 builds or converts it once
+elif int(os.environ["RANK"]) == 0 and not os.path.isdir(base):  # the agent's own rank 0
     tok = char_tokenizer() if kind == "llama" else bpe_tokenizer()
     model = tiny_llama(tok, seed=1) if kind == "llama" else tiny_qwen2(tok, seed=2)
     if opts.stop_on_digits:  # digits end a completion too (like EOS), so that many completions finish in 8 tokens
@@ -125,6 +141,8 @@ if torch.distributed.is_initialized():
 offset = 5 if specs[opts.other_prompts].name == args.agent_name and opts.other_prompts >= 0 else 0
 prompts = [[{"role": "user", "content": f"{a + offset}+{b}="}] for a in range(4) for b in range(4)]
 dataset = Dataset.from_dict({"prompt": prompts, "answer": [str(a + b) for a in range(4) for b in range(4)]})
+if opts.task == "arithmetic":
+    dataset = arithmetic_splits()["train"]
 
 
 me = [s.name for s in specs].index(args.agent_name)
@@ -140,6 +158,8 @@ def has_digit(completions, **kwargs):
     if opts.correct_on_rank0:  # rank 0: every completion correct (but not equally good); other ranks: none
         on_rank0 = int(os.environ["RANK"]) == 0  # the agent-local rank
         return [(1.0 if any(ch.isdigit() for ch in c[0]["content"]) else 0.5) * on_rank0 for c in completions]
+    if opts.task == "arithmetic":
+        return arithmetic_exact_match(completions, **kwargs)
     return [1.0 if any(ch.isdigit() for ch in c[0]["content"]) else 0.0 for c in completions]
 
 
@@ -155,6 +175,32 @@ class DieAt(TrainerCallback):
 
 
 trainer = HACPOTrainer(model=base, reward_funcs=has_digit, args=args, train_dataset=dataset, callbacks=[DieAt()])
+peer_log = {}
+if opts.record_peers:  # what the learner built from its peers' records at the first step, as token ids
+    add_peer_rows = trainer._add_peer_rows
+
+    def recording_add_peer_rows(batch, records, prompt_ids, *rest):
+        batch = add_peer_rows(batch, records, prompt_ids, *rest)
+        if not peer_log:
+            peer = batch["hacpo_is_peer"] & batch["hacpo_valid"]
+            mine = set(prompt_ids)
+            peer_log["records"] = [
+                (r.agent, pid, text, term)
+                for r in records
+                if r.agent != args.agent_name
+                for pid, text, term in zip(r.prompt_ids, r.texts, r.terminated, strict=True)
+                if pid in mine
+            ]
+            peer_log["self_prompts"] = {pid: batch["prompt_ids"][i][batch["prompt_mask"][i].bool()].tolist()
+                                        for i, pid in enumerate(prompt_ids)}  # fmt: skip
+            peer_log["rows"] = [
+                (batch["prompt_ids"][i][batch["prompt_mask"][i].bool()].tolist(),
+                 batch["completion_ids"][i][batch["completion_mask"][i].bool()].tolist())
+                for i in peer.nonzero().flatten().tolist()
+            ]  # fmt: skip
+        return batch
+
+    trainer._add_peer_rows = recording_add_peer_rows
 if my_steps(opts.die_while_saving):
     save_rng_state = trainer._save_rng_state  # runs after the weights and optimizer are written, before the rest
 
@@ -216,6 +262,8 @@ summary = {
     "peer_rows_here": peer_rows_here,
     "peer_rows_finished": peer_rows_finished,
     "param_sum": float(sum(p.detach().double().sum() for p in after.values())),
+    "peers": peer_log,
+    "base": base,
 }
 with open(os.path.join(opts.out, f"summary-{trainer.topology.global_rank}.json"), "w") as f:
     json.dump(summary, f, default=str)
