@@ -177,10 +177,10 @@ class DieAt(TrainerCallback):
 trainer = HACPOTrainer(model=base, reward_funcs=has_digit, args=args, train_dataset=dataset, callbacks=[DieAt()])
 peer_log = {}
 if opts.record_peers:  # what the learner built from its peers' records at the first step, as token ids
-    add_peer_rows = trainer._add_peer_rows
+    unrecorded_add_peer_rows = trainer._add_peer_rows  # its own name: `add_peer_rows` is rebound below
 
     def recording_add_peer_rows(batch, records, prompt_ids, *rest):
-        batch = add_peer_rows(batch, records, prompt_ids, *rest)
+        batch = unrecorded_add_peer_rows(batch, records, prompt_ids, *rest)
         if not peer_log:
             peer = batch["hacpo_is_peer"] & batch["hacpo_valid"]
             mine = set(prompt_ids)
