@@ -1,22 +1,29 @@
-"""The paper's Table 1 and ablations in miniature: the two built-in tiny agents on the built-in arithmetic task.
+"""The paper's Table 1 in miniature, in the paper's regime: three pairs of built-in tiny agents (state, size and
+model heterogeneity) on the reasoning-trace task, with the paper's update schedule, paired by seed.
 
-    python benchmarks/reproduce.py            # the full grid: 5 methods + 7 ablations x 3 seeds (about 25 min, 2 cores)
-    python benchmarks/reproduce.py --quick    # 1 seed, 30 steps, a few methods (a few minutes)
+    python benchmarks/reproduce.py            # the full grid (about 30 min on 2 idle cores)
+    python benchmarks/reproduce.py --quick    # 2 seeds, fewer steps, the main methods (a few minutes)
 
-Every method starts from the same two warm-started agents, sees the same prompt stream (seeded), trains for the
-same number of steps and is evaluated the same way: greedy accuracy on the 300 held-out problems, which no method
-(and no hyperparameter choice) ever trains on. Hyperparameters are the demo recipe's for every method.
+Every method of a pair starts from the same two warm-started agents (`hacpo_trl.demo.PAIRS`) and, for a given seed,
+sees the same prompt stream; each is evaluated the same way: greedy accuracy on the 500 held-out problems of
+`arithmetic_trace`, which no method and no choice of settings ever looks at (the remedy was chosen on the
+`validation` split, see RESULTS.md). Hyperparameters are the recipe's (`recipes/tiny_<pair>.yaml`) for every method.
 
-Methods (paper §4): GRPO (token-level ratio, ε 0.2/0.28), GSPO (sequence ratio, ε 3e-4/4e-4), GSPO×2 (twice the
-rollouts per prompt, as many optimizer updates as HACPO), Naive sharing, HACPO; ablations: no capability-aware
-baseline, no capability coefficient, α ∈ {0, 2, 3}, no stepwise clipping (fixed bound), no peer clipping.
-Baselines train each agent on its own (`share_rollouts: false`) in the same launch.
+The update schedule follows the paper (Appendix A; official launch scripts): 8 prompts x G = 8 completions per agent
+and step, optimizer mini-batches of 32 rows, so GSPO makes 2 updates per generation batch, HACPO and Naive 4 (their
+own 64 rows plus 64 peer rows), and GSPO×2 draws G = 16 (twice the rollouts) for 4 updates. With a single update
+per batch GSPO would be GRPO and its clip would never act.
+
+Methods: GSPO, GSPO×2, Naive sharing, HACPO (self-first peer layout, the paper's text), HACPO with the interleaved
+layout (what the official code does on 8 GPUs), and HACPO with the library's remedy (`REMEDY`); on one pair the
+ablations of the paper plus the correct-only peer filter.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -25,35 +32,44 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "src"))
 from _common import free_port, provenance, write_section  # noqa: E402
 
-AGENTS = ("tiny-llama", "tiny-qwen2")
-PROMPTS_PER_STEP = 8
+from hacpo_trl.demo import PAIRS  # noqa: E402
 
-# name -> (recipe overrides, own rollouts per prompt and step, optimizer updates per step)
+PROMPTS_PER_STEP = 8
+HACPO_SCHEDULE = {"per_device_train_batch_size": 16, "steps_per_generation": 4}
+
+# the library's documented remedy for the agent the paper's rule harms: train on correct peer rows only. Chosen on
+# the validation split (state pair, seeds 100-102, 12 steps; RESULTS.md) among the candidates listed there, by the
+# largest smaller-of-the-two paired gains over GSPO; never on the held-out split.
+REMEDY_NAME = "HACPO + correct-only peers"
+REMEDY: dict = {"peer_filter": "correct"}
+
+# name -> (recipe overrides, own rollouts per prompt and step, optimizer updates per generation batch)
 METHODS: dict[str, tuple[dict, int, int]] = {
-    "GRPO": (
-        {"share_rollouts": False, "importance_sampling_level": "token", "epsilon": 0.2, "epsilon_high": 0.28,
-         "per_device_train_batch_size": 64, "steps_per_generation": 1},
-        8, 1,
-    ),
-    "GSPO": ({"share_rollouts": False, "per_device_train_batch_size": 64, "steps_per_generation": 1}, 8, 1),
+    "GSPO": ({"share_rollouts": False, "per_device_train_batch_size": 32, "steps_per_generation": 2}, 8, 2),
     "GSPO×2": (
-        {"share_rollouts": False, "num_generations": 16, "per_device_train_batch_size": 64, "steps_per_generation": 2},
-        16, 2,
+        {"share_rollouts": False, "num_generations": 16, "per_device_train_batch_size": 32, "steps_per_generation": 4},
+        16, 4,
     ),
-    "Naive": ({"naive": True}, 8, 2),
-    "HACPO": ({}, 8, 2),
+    "Naive": ({"naive": True, **HACPO_SCHEDULE}, 8, 4),
+    "HACPO": (dict(HACPO_SCHEDULE), 8, 4),
+    "HACPO interleaved": ({"peer_layout": "interleaved", **HACPO_SCHEDULE}, 8, 4),
+    REMEDY_NAME: ({**REMEDY, **HACPO_SCHEDULE}, 8, 4),
 }  # fmt: skip
 ABLATIONS: dict[str, dict] = {
     "w/o capability-aware baseline": {"capability_baseline": False},
     "w/o capability coefficient": {"capability_coefficient": False},
     "α = 0": {"alpha": 0.0},
-    "α = 2": {"alpha": 2.0},
     "α = 3": {"alpha": 3.0},
     "w/o stepwise (fixed bound)": {"peer_delta_step": 0.0},
     "w/o peer clipping": {"peer_clipping": False},
-}
+}  # the correct-only peer filter is the remedy's row
+UPDATES = {name: updates for name, (_, _, updates) in METHODS.items()}
+SHARING = [m for m in METHODS if m not in ("GSPO", "GSPO×2")]
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 19: 2.093, 29: 2.045}  # fmt: skip
 
 
 def _flags(settings: dict) -> list[str]:
@@ -63,165 +79,277 @@ def _flags(settings: dict) -> list[str]:
     return out
 
 
-def run_one(name: str, settings: dict, seed: int, steps: int, eval_every: int, out: Path) -> dict:
-    """One launch of both agents; returns hacpo_summary.json (accuracy before/after and the learning curve)."""
-    folder = out / f"{name.replace(' ', '_').replace('/', '')}-seed{seed}"
-    summary = folder / "hacpo_summary.json"
-    if summary.exists():  # resume an interrupted grid
-        return json.loads(summary.read_text())
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", str(ROOT / "accelerate_configs" / "cpu_2agents.yaml"), "--main_process_port", str(free_port()),
-        "-m", "hacpo_trl.train", "--config", str(ROOT / "recipes" / "demo_cpu.yaml"),
-        "--output_dir", str(folder), "--seed", str(seed), "--max_steps", str(steps), "--plot", "false",
-        "--eval_every", str(eval_every), "--logging_steps", "10",
+def _folder(out: Path, pair: str, name: str, seed: int) -> Path:
+    return out / pair / f"{name.replace(' ', '_').replace('/', '').replace('×', 'x')}-seed{seed}"
+
+
+def _argv(pair: str, name: str, settings: dict, updates: int, seed: int, args) -> list[str]:
+    """`hacpo-train` arguments of one run: `--steps` generation batches, i.e. `steps x updates` optimizer steps."""
+    return [
+        "--config", str(ROOT / "recipes" / f"tiny_{pair}.yaml"), "--output_dir", str(_folder(args.out, pair, name, seed)),
+        "--seed", str(seed), "--max_steps", str(args.steps * updates), "--plot", "false",
+        "--eval_every", str(args.eval_every * updates), "--eval_split", args.split, "--logging_steps", "1",
         *_flags(settings),
     ]  # fmt: skip
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = proc.stderr[proc.stderr.find("Traceback") :][:3000] or proc.stderr[-3000:]
-        raise RuntimeError(f"{name} seed {seed} failed:\n{tail}")
-    result = json.loads(summary.read_text())
-    result["_wall_seconds"] = time.perf_counter() - start
-    summary.write_text(json.dumps(result, indent=2))
-    return result
 
 
-def _mean_std(values: list[float]) -> str:
+def run_pair(pair: str, jobs: list[tuple[str, dict, int, int]], args, started: float) -> dict[str, dict[int, dict]]:
+    """Every run of one pair in one launch (`_worker.py`); runs already finished (a summary exists) are skipped."""
+    todo = [j for j in jobs if not (_folder(args.out, pair, j[0], j[3]) / "hacpo_summary.json").exists()]
+    if todo:
+        jobs_file = args.out / f"{pair}-jobs.json"
+        jobs_file.write_text(json.dumps([_argv(pair, *job, args) for job in todo]))
+        cmd = [
+            sys.executable, "-m", "accelerate.commands.launch",
+            "--config_file", str(ROOT / "accelerate_configs" / "cpu_2agents.yaml"),
+            "--main_process_port", str(free_port()), str(ROOT / "benchmarks" / "_worker.py"), str(jobs_file),
+        ]  # fmt: skip
+        print(f"[{time.perf_counter() - started:6.0f}s] {pair}: {len(todo)} runs in one launch", flush=True)
+        log = args.out / f"{pair}-worker.log"
+        with open(log, "w") as f:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=f, text=True)
+            for line in proc.stdout:
+                if line.startswith("done: "):
+                    print(f"[{time.perf_counter() - started:6.0f}s]   {line[6:].strip()}", flush=True)
+            proc.wait()
+        if proc.returncode != 0:
+            text = log.read_text()
+            raise RuntimeError(f"{pair} failed ({log}):\n{text[text.find('Traceback') :][:3000] or text[-3000:]}")
+    results: dict[str, dict[int, dict]] = {}
+    for name, _, _, seed in jobs:
+        summary = _folder(args.out, pair, name, seed) / "hacpo_summary.json"
+        results.setdefault(name, {})[seed] = json.loads(summary.read_text())
+    return results
+
+
+# -------------------------------------------------------------------------------------------------- statistics
+
+
+def mean_std(values: list[float]) -> str:
     if len(values) == 1:
         return f"{values[0]:.3f}"
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
-def _plot(curves: dict[str, dict[str, list]], rollouts: dict[str, int], path: Path) -> None:
-    """Held-out accuracy against rollouts: methods on top, HACPO and its ablations below, one column per agent."""
+def paired_ci(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """Mean of the paired differences a_i − b_i and its 95% t-interval (NaN bounds with one pair)."""
+    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    mean = statistics.mean(diffs)
+    if len(diffs) < 2:
+        return mean, math.nan, math.nan
+    dof = len(diffs) - 1
+    t = T_975.get(dof) or T_975[max(k for k in T_975 if k <= dof)]
+    half = t * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return mean, mean - half, mean + half
+
+
+PEER_KEYS = {
+    "median": "hacpo/peer_ratio_median",
+    "geomean": "hacpo/peer_ratio_geomean",
+    "in_band": "hacpo/peer_ratio_in_band",
+    "lower_bound": "hacpo/peer_ratio_lower_bound",
+    "mean": "hacpo/peer_ratio_mean",
+    "low": "hacpo/peer_clipped_low",
+    "high": "hacpo/peer_clipped_high",
+}
+
+
+def peer_stats(out: Path, pair: str, method: str, agent: str, seeds: list[int]) -> dict[str, float]:
+    """Peer rows with this agent as learner, from the training logs: per-generation-batch statistics averaged over
+    the steps of each run, then over seeds (the paper's Table 6 reports per-step means the same way)."""
+    per_key: dict[str, list[float]] = {k: [] for k in PEER_KEYS}
+    for seed in seeds:
+        path = _folder(out, pair, method, seed) / agent / "log_history.json"
+        if not path.exists():
+            continue
+        history = json.loads(path.read_text())
+        for key, metric in PEER_KEYS.items():
+            values = [e[metric] for e in history if metric in e]
+            if values:
+                per_key[key].append(statistics.mean(values))
+    return {k: statistics.mean(v) for k, v in per_key.items() if v}
+
+
+# ------------------------------------------------------------------------------------------------------- plots
+
+
+def _plot(curves: dict, pairs: list[str], methods: list[str], rollouts: dict[str, int], path: Path) -> None:
+    """Held-out accuracy against rollouts generated by each agent: one row per pair, one column per agent."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [
-        ("methods", [m for m in curves if m in METHODS]),
-        ("ablations", [m for m in curves if m in ABLATIONS or m == "HACPO"]),
-    ]
-    panels = [(title, names) for title, names in panels if names]
-    fig, axes = plt.subplots(len(panels), len(AGENTS), figsize=(11, 4 * len(panels)), squeeze=False)
-    for row, (title, names) in enumerate(panels):
-        for ax, agent in zip(axes[row], AGENTS, strict=True):
-            for i, method in enumerate(names):
-                runs = curves[method].get(agent, [])
+    fig, axes = plt.subplots(len(pairs), 2, figsize=(11, 3.6 * len(pairs)), squeeze=False)
+    for row, pair in enumerate(pairs):
+        for ax, agent in zip(axes[row], PAIRS[pair], strict=True):
+            for method in methods:
+                runs = curves.get(pair, {}).get(method, {}).get(agent, [])
                 if not runs:
                     continue
                 steps = [s for s, _ in runs[0]]
                 mean = [statistics.mean(r[j][1] for r in runs) for j in range(len(steps))]
-                style = "-" if i < 10 else "--"
-                ax.plot([s * rollouts[method] for s in steps], mean, style, marker="o", ms=3, label=method)
-            ax.set(title=f"{agent}: {title}", xlabel="rollouts generated by this agent", ylabel="held-out accuracy")
+                per_update = rollouts[method] / UPDATES.get(method, 4)  # curve steps are optimizer steps
+                ax.plot([s * per_update for s in steps], mean, marker="o", ms=3, label=method)
+            ax.set(title=f"{pair}: {agent}", xlabel="rollouts generated by this agent", ylabel="held-out accuracy")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-DIAGNOSTICS = (
-    ("hacpo/peer_kept", "peer rows kept"),
-    ("hacpo/peer_clipped_low", "clipped low (s < lb)"),
-    ("hacpo/peer_clipped_high", "clipped high (s > 1)"),
-    ("hacpo/peer_ratio_mean", "mean peer ratio s"),
-    ("hacpo/self_ratio_mean", "mean self ratio s"),
-)
-
-
-def _diagnostics(out: Path, methods: list[str], seeds: list[int]) -> list[str]:
-    """Why sharing helps or not: what happened to the peer rows, from each run's training log."""
-    lines = [
-        "### What happened to the peer rows (training logs, mean over steps and seeds)",
-        "",
-        "| method | agent | " + " | ".join(label for _, label in DIAGNOSTICS) + " | final P̂ (own) | ω(peer, me) |",
-        "|---|---|" + "---|" * (len(DIAGNOSTICS) + 2),
-    ]
-    for method in methods:
-        for agent in AGENTS:
-            values: dict[str, list[float]] = {key: [] for key, _ in DIAGNOSTICS}
-            caps, omegas = [], []
-            for seed in seeds:
-                path = out / f"{method.replace(' ', '_').replace('/', '')}-seed{seed}" / agent / "log_history.json"
-                if not path.exists():
-                    continue
-                history = json.loads(path.read_text())
-                for key in values:
-                    values[key] += [e[key] for e in history if key in e]
-                caps += [e[f"hacpo/capability/{agent}"] for e in history if f"hacpo/capability/{agent}" in e][-1:]
-                omegas += [v for e in history for k, v in e.items() if k.startswith("hacpo/omega/")]
-            if not any(values.values()):
-                continue
-            cells = [f"{statistics.mean(v):.3f}" if v else "–" for v in values.values()]
-            cap = f"{statistics.mean(caps):.3f}" if caps else "–"
-            omega = f"{statistics.mean(omegas):.2f}" if omegas else "–"
-            lines.append(f"| {method} | {agent} | " + " | ".join(cells) + f" | {cap} | {omega} |")
-    return lines + [""]
+# -------------------------------------------------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1 seed, 30 steps, GSPO / Naive / HACPO only")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--eval_every", type=int, default=30)
+    parser.add_argument("--quick", action="store_true", help="2 seeds, 6 steps, GSPO / Naive / HACPO, no ablations")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
+    parser.add_argument("--steps", type=int, default=12, help="generation batches (steps of 8 prompts) per run")
+    parser.add_argument("--eval_every", type=int, default=6, help="also evaluate every N generation batches (0: off)")
+    parser.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
+    parser.add_argument("--methods", nargs="+", default=None, help="a subset of the methods by name")
+    parser.add_argument("--ablation_pair", default="state", help="the pair the ablation grid runs on ('' = none)")
+    parser.add_argument("--ablation_seeds", type=int, default=8, help="seeds of each ablation (the first N)")
+    parser.add_argument("--split", default="test", choices=["test", "validation"], help="evaluation split")
+    parser.add_argument(
+        "--remedy",
+        type=json.loads,
+        default=None,
+        help="JSON settings to try as the remedy (screen with --split validation)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "runs")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
-    parser.add_argument("--methods", nargs="*", default=None, help="a subset of methods/ablations by name")
     args = parser.parse_args(argv)
     if args.quick:
-        args.seeds, args.steps, args.eval_every = args.seeds[:1], 30, 15
-    grid = {name: (settings, per_prompt, updates) for name, (settings, per_prompt, updates) in METHODS.items()}
-    grid |= {name: (settings, 8, 2) for name, settings in ABLATIONS.items()}
-    if args.methods:
-        grid = {k: v for k, v in grid.items() if k in args.methods}
-    elif args.quick:
-        grid = {k: v for k, v in grid.items() if k in ("GSPO", "Naive", "HACPO")}
+        args.seeds, args.steps, args.eval_every, args.ablation_pair = args.seeds[:2], 6, 0, ""
+        args.methods = args.methods or ["GSPO", "Naive", "HACPO"]
+    if args.remedy is not None:
+        REMEDY.clear()
+        REMEDY.update(args.remedy)
+        METHODS[REMEDY_NAME] = ({**REMEDY, **HACPO_SCHEDULE}, 8, 4)
+    methods = {k: v for k, v in METHODS.items() if args.methods is None or k in args.methods}
+    ablations = {k: v for k, v in ABLATIONS.items() if args.methods is None or k in args.methods}
     args.out.mkdir(parents=True, exist_ok=True)
 
-    results: dict[str, list[dict]] = {}
+    results: dict[str, dict[str, dict[int, dict]]] = {}
     started = time.perf_counter()
-    for name, (settings, _, _) in grid.items():
-        for seed in args.seeds:
-            print(f"[{time.perf_counter() - started:6.0f}s] {name} seed {seed}", flush=True)
-            results.setdefault(name, []).append(run_one(name, settings, seed, args.steps, args.eval_every, args.out))
-    # the runs' own wall times (a grid resumed from finished runs still reports what they cost)
-    run_seconds = sum(r.get("_wall_seconds", 0.0) for runs in results.values() for r in runs)
+    for pair in args.pairs:
+        jobs = [
+            (name, settings, updates, seed) for name, (settings, _, updates) in methods.items() for seed in args.seeds
+        ]
+        if pair == args.ablation_pair:
+            seeds = args.seeds[: args.ablation_seeds]
+            jobs += [(name, {**s, **HACPO_SCHEDULE}, 4, seed) for name, s in ablations.items() for seed in seeds]
+        results[pair] = run_pair(pair, jobs, args, started)
+    run_seconds = sum(r.get("_wall_seconds", 0.0) for p in results.values() for m in p.values() for r in m.values())
 
-    rollouts = {name: per_prompt * PROMPTS_PER_STEP for name, (_, per_prompt, _) in grid.items()}
-    curves = {name: {a: [r[a]["curve"] for r in runs] for a in AGENTS} for name, runs in results.items()}
-    _plot(curves, rollouts, args.results.parent / "learning_curves.png")
-    (args.results.parent / "results.json").write_text(json.dumps(results, indent=2))
+    rollouts = {name: per_prompt * PROMPTS_PER_STEP for name, (_, per_prompt, _) in METHODS.items()}
+    rollouts |= {name: 8 * PROMPTS_PER_STEP for name in ABLATIONS}
+    report = _report(results, args, methods, rollouts)
+    report["wall_minutes"] = round(run_seconds / 60, 1)
+    report["command"] = "python benchmarks/reproduce.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    (args.results.parent / "results.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
+    curves = {
+        p: {m: {a: [r[a]["curve"] for r in runs.values()] for a in PAIRS[p]} for m, runs in by_m.items()}
+        for p, by_m in results.items()
+    }
+    _plot(curves, args.pairs, list(methods), rollouts, args.results.parent / "learning_curves.png")
+    lines = _markdown(report, args, methods, run_seconds, argv)
+    write_section(args.results, "reproduce", lines)
+    print("\n".join(lines))
+    return 0
 
+
+def _report(results, args, methods, rollouts) -> dict:
+    """results.json: settings.<pair>.accuracy.<agent>.<method> = per-seed accuracies (in seed order) and more."""
+    settings = {}
+    for pair, by_method in results.items():
+        agents = PAIRS[pair]
+        entry: dict = {"agents": list(agents), "seeds": args.seeds, "accuracy": {}, "accuracy_before": {}}
+        entry |= {"paired_vs_GSPO": {}, "peer": {}, "peer_ratio_median": {}, "rollouts_per_step": {}}
+        for agent in agents:
+            entry["accuracy"][agent] = {
+                m: [runs[s][agent]["accuracy_after"] for s in sorted(runs)] for m, runs in by_method.items()
+            }
+            first = next(iter(by_method.values()))
+            entry["accuracy_before"][agent] = first[min(first)][agent]["accuracy_before"]
+            gspo = by_method.get("GSPO", {})
+            entry["paired_vs_GSPO"][agent] = {}
+            for m, runs in by_method.items():
+                common = sorted(set(runs) & set(gspo))
+                if m == "GSPO" or not common:
+                    continue
+                mean, lo, hi = paired_ci(
+                    [runs[s][agent]["accuracy_after"] for s in common],
+                    [gspo[s][agent]["accuracy_after"] for s in common],
+                )
+                entry["paired_vs_GSPO"][agent][m] = {"mean": mean, "ci95": [lo, hi], "seeds": common}
+            entry["peer"][agent] = {
+                m: peer_stats(args.out, pair, m, agent, sorted(by_method[m])) for m in by_method if m in SHARING
+            } | {m: peer_stats(args.out, pair, m, agent, sorted(by_method[m])) for m in by_method if m in ABLATIONS}
+            if "median" in entry["peer"][agent].get("HACPO", {}):
+                entry["peer_ratio_median"][agent] = entry["peer"][agent]["HACPO"]["median"]
+        entry["rollouts_per_step"] = {m: rollouts[m] for m in by_method}
+        entry["rollouts_total"] = {m: rollouts[m] * args.steps for m in by_method}
+        settings[pair] = entry
+    return {
+        "task": "arithmetic_trace",
+        "split": args.split,
+        "steps": args.steps,
+        "seeds": args.seeds,
+        "remedy": {"name": REMEDY_NAME, "settings": REMEDY},
+        "settings": settings,
+    }
+
+
+def _fmt_ci(d: dict) -> str:
+    lo, hi = d["ci95"]
+    ci = "" if math.isnan(lo) else f" [{lo:+.3f}, {hi:+.3f}]"
+    return f"{d['mean']:+.3f}{ci}"
+
+
+def _markdown(report, args, methods, run_seconds, argv) -> list[str]:
     lines = [
         "## Reproduction in miniature (`benchmarks/reproduce.py`)",
         "",
         provenance("reproduce.py", sys.argv[1:] if argv is None else argv, run_seconds)
-        + f" Seeds {args.seeds}, {args.steps} steps.",
+        + f" Seeds {args.seeds}, {args.steps} steps of 8 prompts, evaluated on the `{args.split}` split.",
         "",
-        "Held-out greedy accuracy (300 problems never trained on) after training, mean ± std over seeds; before "
-        "training: "
-        + ", ".join(f"{a} {results[next(iter(results))][0][a]['accuracy_before']:.3f}" for a in AGENTS)
-        + ". Rollouts: completions each agent generates per step (8 prompts × G); updates: optimizer steps per step.",
+        "Greedy accuracy on the 500 held-out problems after training, mean ± std over seeds; Δ vs GSPO is the mean "
+        "paired difference (same seed: same prompts, same initial agents) with its 95% t-interval. Rollouts: "
+        "completions each agent generates per step; updates: optimizer updates per generation batch. Peer rows "
+        "(learner = this agent): median / geometric mean of the peer ratio s and the share of rows in the band "
+        "[lb_m, 1] (the only rows with a gradient), below it, and above 1, per generation batch averaged over steps and "
+        "seeds, and the mean bound lb_m applied.",
         "",
     ]
-    for agent in AGENTS:
-        lines += [f"### {agent}", "", "| method | accuracy | rollouts / step | updates / step |", "|---|---|---|---|"]
-        for name, runs in results.items():
-            _, per_prompt, updates = grid[name]
-            acc = _mean_std([r[agent]["accuracy_after"] for r in runs])
-            lines.append(f"| {name} | {acc} | {per_prompt * PROMPTS_PER_STEP} | {updates} |")
+    for pair, entry in report["settings"].items():
+        lines += [f"### {pair} ({' + '.join(entry['agents'])})", ""]
+        before = ", ".join(f"{a} {entry['accuracy_before'][a]:.3f}" for a in entry["agents"])
+        lines += [f"Before RL: {before}.", ""]
+        header = "| method | rollouts / step | updates |"
+        rule = "|---|---|---|"
+        for agent in entry["agents"]:
+            header += f" {agent} | Δ vs GSPO | peer s median / geo | in band / low / high | lb |"
+            rule += "---|---|---|---|---|"
+        lines += [header, rule]
+        for method in entry["accuracy"][entry["agents"][0]]:
+            _, per_prompt, updates = METHODS.get(method, ({}, 8, 4))
+            row = f"| {method} | {per_prompt * PROMPTS_PER_STEP} | {updates} |"
+            for agent in entry["agents"]:
+                acc = mean_std(entry["accuracy"][agent][method])
+                delta = entry["paired_vs_GSPO"][agent].get(method)
+                peer = entry["peer"][agent].get(method, {})
+                ratio = f"{peer['median']:.3f} / {peer['geomean']:.3f}" if "median" in peer else "–"
+                band = f"{peer['in_band']:.2f} / {peer['low']:.2f} / {peer['high']:.2f}" if "in_band" in peer else "–"
+                lb = f"{peer['lower_bound']:.3f}" if "lower_bound" in peer else "–"
+                row += f" {acc} | {_fmt_ci(delta) if delta else '–'} | {ratio} | {band} | {lb} |"
+            lines.append(row)
         lines.append("")
     lines += ["![learning curves](learning_curves.png)", ""]
-    lines += _diagnostics(args.out, [name for name in results if name not in ("GRPO", "GSPO", "GSPO×2")], args.seeds)
-    write_section(args.results, "reproduce", lines)
-    print("\n".join(lines))
-    return 0
+    return lines
 
 
 if __name__ == "__main__":

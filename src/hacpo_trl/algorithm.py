@@ -32,6 +32,8 @@ __all__ = [
     "hacpo_loss",
     "joint_baseline",
     "peer_objective",
+    "peer_ratio_stats",
+    "peer_row_order",
     "self_objective",
     "sequence_log_ratio",
     "stepwise_lower_bound",
@@ -650,3 +652,74 @@ def hacpo_loss(
         self_clipped=self_clipped,
         kl=None if kl is None else kl.detach(),
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# row layout over the updates of a generation batch (which lb_m each peer row sees), and peer-ratio statistics
+# --------------------------------------------------------------------------------------------------
+
+PEER_LAYOUTS = ("self_first", "interleaved")
+
+
+def peer_row_order(
+    n_self: int, n_total: int, num_chunks: int, layout: str = "self_first", generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """The order of a learner's rows (self rows ``0..n_self-1``, then peer rows) before the generation batch is cut
+    into ``num_chunks`` equal contiguous chunks, one per update (micro-)batch, in turn.
+
+    * ``"self_first"``: shuffled self rows, then shuffled peer rows. Peer rows land in the last updates and see the
+      tightest bounds lb_m (Eq. 14). This is the paper's text ("self first"), v1's intent, and v1 / v0 on one GPU.
+    * ``"interleaved"``: the same self-first sequence dealt round-robin into the chunks (chunk m takes positions
+      m, m + num_chunks, ...), so every update holds an equal share of self and of peer rows and peer rows see all
+      bounds. This is what v1 does as launched on 8 GPUs: it cuts the self-first batch into contiguous per-GPU
+      chunks, so every optimizer step takes half its rows from self-only ranks and half from peer-only ranks
+      (``docs/reviews/peer-loss-verified.md`` Q3).
+    """
+    if layout not in PEER_LAYOUTS:
+        raise ValueError(f"`peer_layout` must be one of {PEER_LAYOUTS}, got {layout!r}")
+    if not 0 <= n_self <= n_total or num_chunks < 1:
+        raise ValueError(f"need 0 <= n_self <= n_total and num_chunks >= 1, got {n_self}, {n_total}, {num_chunks}")
+    order = torch.cat(
+        [torch.randperm(n_self, generator=generator), n_self + torch.randperm(n_total - n_self, generator=generator)]
+    )
+    if layout == "self_first":
+        return order
+    if n_total % num_chunks:
+        raise ValueError(f"{n_total} rows cannot be dealt into {num_chunks} equal chunks")
+    return deal_round_robin(order, num_chunks)
+
+
+def deal_round_robin(order: torch.Tensor, num_chunks: int) -> torch.Tensor:
+    """``order`` rearranged so that its ``num_chunks`` contiguous chunks are ``order[m::num_chunks]``, m = 0, 1, ..."""
+    return torch.cat([order[m::num_chunks] for m in range(num_chunks)])
+
+
+def peer_ratio_stats(ratios: torch.Tensor, lower_bounds: torch.Tensor) -> dict[str, float]:
+    """Summary of peer sequence ratios s and the bound lb_m each was clamped with, comparable with the paper.
+
+    The paper's Table 6 reports per-step means of s_hete (~0.90); s is heavy-tailed (clamped at e^±10), so the
+    arithmetic mean alone misleads: the median and the geometric mean exp(mean log s) are given beside it.
+    ``in_band`` is the share with lb_m <= s <= 1 (the rows that get a gradient), ``low`` / ``high`` the shares
+    below lb_m and above 1, ``lower_bound`` the mean lb_m applied. Empty input gives an empty dict.
+    """
+    ratios = ratios.detach().double().flatten()
+    lower_bounds = lower_bounds.detach().double().flatten()
+    if ratios.shape != lower_bounds.shape:
+        raise ValueError(
+            f"`ratios` and `lower_bounds` must have the same length, got {ratios.shape} / {lower_bounds.shape}"
+        )
+    if ratios.numel() == 0:
+        return {}
+    if bool((ratios <= 0).any()) or not bool(torch.isfinite(ratios).all()):
+        raise ValueError("peer ratios must be finite and > 0")
+    low = ratios < lower_bounds
+    high = ratios > 1.0
+    return {
+        "mean": float(ratios.mean()),
+        "median": float(ratios.median()),  # the lower of the two middle values for an even count (torch's rule)
+        "geomean": float(ratios.log().mean().exp()),
+        "in_band": float((~low & ~high).double().mean()),
+        "low": float(low.double().mean()),
+        "high": float(high.double().mean()),
+        "lower_bound": float(lower_bounds.mean()),
+    }

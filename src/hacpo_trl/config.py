@@ -10,7 +10,7 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from .algorithm import CapabilityTracker, HACPOLossConfig
+from .algorithm import PEER_LAYOUTS, CapabilityTracker, HACPOLossConfig
 from .topology import AgentTopology, init_agent_worlds
 
 __all__ = ["AgentSpec", "HACPOConfig"]
@@ -36,6 +36,7 @@ SHARED_SETTINGS = (
     "mask_truncated_completions",  # every learner must mask the same peers' unfinished completions
     "share_rollouts",
     "peer_filter",
+    "peer_layout",
     "capability_window",
     "capability_metric",
     "save_strategy",  # agents checkpoint together, so that resuming finds a step every agent saved
@@ -264,6 +265,12 @@ class HACPOConfig(GRPOConfig):
             log-likelihoods (not in the paper).
         max_abs_log_ratio (`float`, *optional*, defaults to `10.0`):
             Clamp of the log sequence ratio before `exp`.
+        peer_layout (`str`, *optional*, defaults to `"self_first"`):
+            Which updates of a generation batch hold the peer rows, and so which bounds lb_m they see. `"self_first"`:
+            self rows fill the first updates and peer rows the last (the paper's text, the official v1's intent, and
+            v1 on one GPU: with 4 updates peers see lb 0.85 and 0.875). `"interleaved"`: every update holds an equal
+            share of self and peer rows, so peers see every bound (what v1 does as launched on 8 GPUs, the runs
+            behind the paper's numbers; see `hacpo_trl.algorithm.peer_row_order`).
         skip_clipped_peer_backward (`bool`, *optional*, defaults to `True`):
             Score each mini-batch's peer rows in a forward pass without gradient first, and run forward + backward
             only on the rows that can have a gradient: peer rows outside the band cost one cheap forward instead
@@ -309,6 +316,7 @@ class HACPOConfig(GRPOConfig):
     skip_clipped_peer_backward: bool = field(
         default=True, metadata={"help": "Score peer rows without gradient first; no backward for clipped ones."}
     )
+    peer_layout: str = field(default="self_first", metadata={"help": "'self_first' or 'interleaved' peer rows."})
 
     def __post_init__(self):
         self._specs = _as_specs(self.agents) if self.agents is not None else None
@@ -329,6 +337,8 @@ class HACPOConfig(GRPOConfig):
         for name in ("exchange_timeout", "exchange_startup_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"`{name}` must be > 0, got {getattr(self, name)!r}")
+        if self.peer_layout not in PEER_LAYOUTS:
+            raise ValueError(f"`peer_layout` must be one of {PEER_LAYOUTS}, got {self.peer_layout!r}")
         self.loss_config()  # validates alpha, peer_delta, peer_delta_step, epsilons, ratio_mode, beta
         CapabilityTracker(["x"], window=self.capability_window, metric=self.capability_metric)  # validates
 

@@ -16,6 +16,7 @@ from .retokenize import completion_text
 __all__ = [
     "REWARD_FUNCS",
     "arithmetic_exact_match",
+    "arithmetic_trace_answer",
     "boxed_format",
     "get_reward_funcs",
     "last_boxed",
@@ -88,10 +89,24 @@ def arithmetic_exact_match(completions, answer, **kwargs) -> list[float]:
     return rewards
 
 
+_FINAL = re.compile(r"so (-?\d+)")
+
+
+def arithmetic_trace_answer(completions, answer, **kwargs) -> list[float]:
+    """The built-in ``arithmetic_trace`` task: 1.0 if the final answer (the number after the last ``so``) is the
+    sum, else 0.0. The worked steps before it are not graded, like a boxed-answer reward."""
+    rewards = []
+    for completion, gold in zip(completions, answer, strict=True):
+        finals = _FINAL.findall(completion_text(completion))
+        rewards.append(1.0 if finals and finals[-1] == str(gold).strip() else 0.0)
+    return rewards
+
+
 REWARD_FUNCS: dict[str, Callable] = {
     "math_verify": math_verify_boxed,
     "boxed_format": boxed_format,
     "arithmetic_exact": arithmetic_exact_match,
+    "arithmetic_trace": arithmetic_trace_answer,
 }
 
 

@@ -1,4 +1,13 @@
-"""Datasets: the built-in arithmetic task (offline, from a seed) and the paper's MATH training set.
+"""Datasets: the built-in tasks (offline, from a seed) and the paper's MATH training set.
+
+Built-in tasks (both answer-graded, split into disjoint ``warmup`` / ``train`` / ``test``):
+
+* ``arithmetic``: ``12+34=`` -> ``46``; completions are 2-3 tokens, so a peer ratio is two models' probabilities of
+  the answer itself (far from the paper's regime, kept for tests and comparison).
+* ``arithmetic_trace``: ``347+285=`` -> ``7+5=12, 4+8+1=13, 3+2+1=6, so 632``: a worked digit-by-digit solution,
+  then the answer (>= 15 tokens for every built-in tokenizer). Most tokens of a trace are predictable to any agent
+  that knows the format, as in the paper's long reasoning traces, so peer ratios sit near 1; the reward looks at the
+  final answer only.
 
 Every dataset has a conversational ``prompt`` column (so each agent applies its own chat template) and an
 ``answer`` column that the rewards compare against.
@@ -10,7 +19,16 @@ import random
 
 from datasets import Dataset
 
-__all__ = ["BOXED_INSTRUCTION", "arithmetic_splits", "load_any_dataset", "math_dataset"]
+__all__ = [
+    "BOXED_INSTRUCTION",
+    "TASKS",
+    "arithmetic_splits",
+    "load_any_dataset",
+    "math_dataset",
+    "task_splits",
+    "trace_solution",
+    "trace_splits",
+]
 
 BOXED_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 
@@ -35,6 +53,59 @@ def arithmetic_splits(seed: int = 0, max_operand: int = 49, test_size: int = 300
         "warmup": Dataset.from_list([_problem(a, b) for a, b in rest[:half]]),
         "train": Dataset.from_list([_problem(a, b) for a, b in rest[half:]]),
     }
+
+
+def trace_solution(a: int, b: int, digits: int = 3) -> str:
+    """The worked solution of ``a+b``: one ``x+y(+carry)=s`` step per digit, least significant first, then
+    ``so <sum>``. Operands are padded with zeros to ``digits`` digits; the first step has no carry term."""
+    xs, ys = str(a).zfill(digits)[::-1], str(b).zfill(digits)[::-1]
+    steps, carry = [], 0
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        total = int(x) + int(y) + carry
+        steps.append(f"{x}+{y}={total}" if i == 0 else f"{x}+{y}+{carry}={total}")
+        carry = total // 10
+    return ", ".join(steps) + f", so {a + b}"
+
+
+def trace_splits(
+    seed: int = 0,
+    digits: int = 3,
+    test_size: int = 500,
+    validation_size: int = 300,
+    warmup_size: int = 4000,
+    train_size: int = 4000,
+) -> dict[str, Dataset]:
+    """Disjoint ``warmup`` / ``train`` / ``validation`` / ``test`` splits of ``arithmetic_trace``.
+
+    ``warmup`` rows carry the worked solution in ``solution`` (supervised warm-start of the built-in agents);
+    ``answer`` is the sum alone, the only thing the reward checks. ``validation`` is carved from the RL side, for
+    choosing settings without looking at ``test``.
+    """  # fmt: skip
+    top = 10**digits
+    rng = random.Random(seed)
+    needed = test_size + validation_size + warmup_size + train_size
+    pairs: set[tuple[int, int]] = set()
+    while len(pairs) < needed:
+        pairs.add((rng.randrange(top), rng.randrange(top)))
+    ordered = sorted(pairs)
+    rng.shuffle(ordered)
+
+    def rows(chunk):
+        return Dataset.from_list([{**_problem(a, b), "solution": trace_solution(a, b, digits)} for a, b in chunk])
+
+    cuts = [0, test_size, test_size + validation_size, test_size + validation_size + warmup_size, needed]
+    names = ["test", "validation", "warmup", "train"]
+    return {name: rows(ordered[lo:hi]) for name, lo, hi in zip(names, cuts[:-1], cuts[1:], strict=True)}
+
+
+TASKS = {"arithmetic": arithmetic_splits, "arithmetic_trace": trace_splits}
+
+
+def task_splits(task: str) -> dict[str, Dataset]:
+    """The splits of a built-in task by name."""
+    if task not in TASKS:
+        raise ValueError(f"unknown built-in task {task!r}; available: {sorted(TASKS)}")
+    return TASKS[task]()
 
 
 def load_any_dataset(name: str, config: str | None = None, split: str = "train") -> Dataset:

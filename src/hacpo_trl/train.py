@@ -31,13 +31,16 @@ class HACPOScriptArguments:
     """What to train on, how to score it, and what the script reports.
 
     Args:
-        task: ``"arithmetic"`` (the built-in offline task), ``"math"`` (MATH with the boxed-answer instruction) or
-            ``"dataset"`` (any dataset with ``prompt`` and ``answer`` columns).
+        task: ``"arithmetic"`` (the built-in short-answer task), ``"arithmetic_trace"`` (the built-in worked-solution
+            task, see `hacpo_trl.tasks`), ``"math"`` (MATH with the boxed-answer instruction) or ``"dataset"`` (any
+            dataset with ``prompt`` and ``answer`` columns).
         dataset_name: dataset id or local path for ``"math"`` / ``"dataset"``.
         dataset_config: dataset configuration name.
         dataset_train_split: split to train on.
         reward_funcs: reward names from `hacpo_trl.rewards.REWARD_FUNCS` or import paths.
-        eval_samples: held-out problems evaluated before and after training (built-in task only; 0 = skip).
+        eval_samples: held-out problems evaluated before and after training (built-in tasks only; 0 = skip).
+        eval_split: ``"test"`` (held out) or ``"validation"`` (built-in ``arithmetic_trace`` only: carved from the RL
+            side, for choosing settings without looking at the held-out split).
         eval_every: also evaluate every N optimizer steps, for learning curves in the summary (0 = off).
         plot: write a PNG of every agent's reward and capability curves next to the agents (global rank 0).
     """
@@ -48,6 +51,7 @@ class HACPOScriptArguments:
     dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
     reward_funcs: list[str] = field(default_factory=lambda: ["arithmetic_exact"], metadata={"help": "Rewards."})
     eval_samples: int = field(default=300, metadata={"help": "Held-out problems to evaluate before and after."})
+    eval_split: str = field(default="test", metadata={"help": "'test' or 'validation' (built-in tasks)."})
     eval_every: int = field(default=0, metadata={"help": "Also evaluate every N steps (learning curves); 0 = off."})
     plot: bool = field(default=True, metadata={"help": "Write reward and capability curves as a PNG."})
 
@@ -133,8 +137,12 @@ def check_recipe(recipe: dict, num_processes: int | None = None) -> None:
     except ValueError as exc:
         raise RecipeError(str(exc)) from None
     task = recipe.get("task", "arithmetic")
-    if task not in ("arithmetic", "math", "dataset"):
-        raise RecipeError(f"recipe key 'task' must be 'arithmetic', 'math' or 'dataset', got {task!r}")
+    if task not in ("arithmetic", "arithmetic_trace", "math", "dataset"):
+        raise RecipeError(
+            f"recipe key 'task' must be 'arithmetic', 'arithmetic_trace', 'math' or 'dataset', got {task!r}"
+        )
+    if recipe.get("eval_split", "test") not in ("test", "validation"):
+        raise RecipeError(f"recipe key 'eval_split' must be 'test' or 'validation', got {recipe['eval_split']!r}")
     if task == "dataset" and not recipe.get("dataset_name"):
         raise RecipeError("recipe key 'dataset_name' is required with task: dataset")
 
@@ -152,11 +160,13 @@ def _config_path(argv: list[str]) -> str | None:
 
 
 def _dataset(script_args: HACPOScriptArguments):
-    from .tasks import arithmetic_splits, load_any_dataset, math_dataset
+    from .tasks import TASKS, load_any_dataset, math_dataset
 
-    if script_args.task == "arithmetic":
-        splits = arithmetic_splits()
-        return splits["train"], splits["test"]
+    if script_args.task in TASKS:
+        splits = TASKS[script_args.task]()
+        if script_args.eval_split not in splits:
+            raise RecipeError(f"task {script_args.task!r} has no {script_args.eval_split!r} split")
+        return splits["train"], splits[script_args.eval_split]
     if script_args.task == "math":
         return math_dataset(script_args.dataset_name or "DigitalLearningGmbH/MATH-lighteval"), None
     data = load_any_dataset(script_args.dataset_name, script_args.dataset_config, script_args.dataset_train_split)
@@ -180,7 +190,11 @@ def _evaluate(trainer, test, script_args) -> float | None:
         trainer.processing_class,
         test.select(range(min(script_args.eval_samples, len(test)))),
         get_reward_funcs(script_args.reward_funcs)[0],
-        max_new_tokens=min(16, trainer.args.max_completion_length),
+        max_new_tokens=(
+            trainer.args.max_completion_length
+            if script_args.task == "arithmetic_trace"
+            else min(16, trainer.args.max_completion_length)
+        ),
         chat_template_kwargs=trainer.args.chat_template_kwargs,
     )
     return result.avg_at_k if trainer.accelerator.process_index == 0 else None
@@ -253,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     return _run(script_args, config, reward_funcs)
 
 
-def _run(script_args, config, reward_funcs) -> int:
+def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
+    """One run of every agent. ``shutdown=False`` keeps the agent worlds up for another run of the same agents in
+    the same launch (the benchmark runs many seeds and methods per launch)."""
     import torch
     from transformers import TrainerCallback
 
@@ -328,7 +344,8 @@ def _run(script_args, config, reward_funcs) -> int:
             _plot({r[0]: r[4] for r in reports}, [r[0] for r in reports], png)
             print(f"  curves: {png}")
         print(f"  summary: {os.path.join(root, 'hacpo_summary.json')}", flush=True)
-    trainer.topology.shutdown()  # nobody leaves while another process still uses the exchange group
+    if shutdown:
+        trainer.topology.shutdown()  # nobody leaves while another process still uses the exchange group
     return 0
 
 

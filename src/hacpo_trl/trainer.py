@@ -37,7 +37,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
-from .algorithm import CapabilityTracker, capability_aware_advantages
+from .algorithm import CapabilityTracker, capability_aware_advantages, peer_ratio_stats, peer_row_order
 from .config import HACPOConfig
 from .demo import resolve_model
 from .exchange import Exchange, ExchangeError, RolloutBatch, end_startup
@@ -562,7 +562,7 @@ class HACPOTrainer(GRPOTrainer):
                 batch = shuffle_sequence_dict(batch)  # exactly TRL's order when there are no peer rows
             else:
                 size = batch["prompt_ids"].shape[0]
-                order = torch.cat([torch.randperm(n_self), n_self + torch.randperm(size - n_self)])
+                order = peer_row_order(n_self, size, self.args.steps_per_generation, self.args.peer_layout)
                 batch = {k: (v[order] if isinstance(v, torch.Tensor) and v.ndim >= 1 else v) for k, v in batch.items()}
             self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
@@ -706,10 +706,29 @@ class HACPOTrainer(GRPOTrainer):
         self._log_loss_metrics(
             ratio, low, high, self_clipped, out, is_peer & valid, ~is_peer & valid, mode, int(keep.sum())
         )
+        if mode == "train":
+            self._collect_peer_ratios(ratio[is_peer & valid], out.lower_bound)
         loss = out.loss
         if mode == "train":
             loss = loss / self.current_gradient_accumulation_steps
         return loss
+
+    def _collect_peer_ratios(self, ratios: torch.Tensor, lower_bound: float) -> None:
+        """Keep every peer row's ratio and bound over a generation batch; after its last update, log the median,
+        geometric mean, share in band and mean bound applied over the whole batch (all ranks of this agent)."""
+        from accelerate.utils import gather_object
+
+        buffer = self.__dict__.setdefault("_peer_ratio_buffer", [])
+        buffer += [(float(r), lower_bound) for r in ratios.tolist()]
+        if (self._step + 1) % (self.args.steps_per_generation * self.num_iterations):
+            return
+        rows = gather_object(buffer) if self.accelerator.num_processes > 1 else buffer
+        self._peer_ratio_buffer = []
+        if not rows:
+            return
+        stats = peer_ratio_stats(torch.tensor([r for r, _ in rows]), torch.tensor([b for _, b in rows]))
+        for key in ("median", "geomean", "in_band", "lower_bound"):
+            self._metrics["train"][f"hacpo/peer_ratio_{key}"].append(stats[key])
 
     def _log_loss_metrics(self, r, low_mask, high_mask, self_clip_mask, out, peer, own, mode, grad_rows) -> None:
         stats = torch.stack(

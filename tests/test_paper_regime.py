@@ -1,0 +1,136 @@
+"""The CPU miniature in the paper's regime: built-in agents whose tokenizer is the one they are trained with, the
+reasoning-trace task, the peer-row layout and the peer-ratio statistics."""
+
+import math
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from hacpo_trl import demo
+from hacpo_trl.algorithm import deal_round_robin, peer_ratio_stats, peer_row_order
+from hacpo_trl.rewards import arithmetic_trace_answer
+from hacpo_trl.tasks import task_splits, trace_solution, trace_splits
+
+# ------------------------------------------------------------------------------------------ built-in agents
+
+
+@pytest.mark.parametrize("name", sorted(demo.BUILTIN_AGENTS))
+def test_builtin_agent_is_warm_started_with_the_tokenizer_it_loads_back_as(name, tmp_path, monkeypatch):
+    """The trainer and hacpo-eval load an agent's tokenizer with AutoTokenizer; the warm-start must have seen the
+    same token ids for the task's prompts and targets (a Qwen2 folder loads as Qwen2Tokenizer, which splits digits
+    unlike the in-memory BPE tokenizer it was built from)."""
+    seen = {}
+
+    def record(model, tok, spec):  # the warm-start's own tokenizer; skip the training itself
+        seen["tok"] = tok
+
+    monkeypatch.setattr(demo, "_warm_start", record)
+    folder = demo.build_agent(name, str(tmp_path / name))
+    loaded = AutoTokenizer.from_pretrained(folder, padding_side="left")
+    rows = list(task_splits(demo.BUILTIN_AGENTS[name].task)["warmup"].select(range(100)))
+    rows += list(task_splits(demo.BUILTIN_AGENTS[name].task)["test"].select(range(100)))
+    differ = [r["prompt"][0]["content"] for r in rows if demo._encode(seen["tok"], r) != demo._encode(loaded, r)]
+    assert not differ, f"{name}: {len(differ)} of {len(rows)} rows tokenize differently, e.g. {differ[:3]}"
+    answers = [r["answer"] for r in rows]
+    assert [seen["tok"](a)["input_ids"] for a in answers] == [loaded(a)["input_ids"] for a in answers]
+
+
+def test_pairs_name_builtin_agents_of_the_three_kinds():
+    agents = demo.BUILTIN_AGENTS
+    assert set(demo.PAIRS) == {"state", "size", "model"}
+    strong, weak = (agents[n] for n in demo.PAIRS["state"])
+    assert (strong.architecture, strong.hidden_size, strong.layers, strong.seed) == (
+        weak.architecture, weak.hidden_size, weak.layers, weak.seed,
+    ) and strong.warmup_steps > weak.warmup_steps  # fmt: skip
+    big, small = (agents[n] for n in demo.PAIRS["size"])
+    assert big.architecture == small.architecture and big.hidden_size * big.layers > small.hidden_size * small.layers
+    a, b = (agents[n] for n in demo.PAIRS["model"])
+    assert a.architecture != b.architecture
+    assert all(agents[n].task == "arithmetic_trace" for pair in demo.PAIRS.values() for n in pair)
+    assert demo.resolve_model("some/path") == "some/path"
+
+
+# ------------------------------------------------------------------------------------------------- the task
+
+
+def test_trace_solution_by_hand():
+    assert trace_solution(347, 285) == "7+5=12, 4+8+1=13, 3+2+1=6, so 632"
+    assert trace_solution(5, 995) == "5+5=10, 0+9+1=10, 0+9+1=10, so 1000"
+    assert trace_solution(12, 34, digits=2) == "2+4=6, 1+3+0=4, so 46"
+
+
+def test_trace_splits_are_disjoint_large_enough_and_long_for_every_tokenizer():
+    splits = trace_splits()
+    keys = {name: {r["prompt"][0]["content"] for r in data} for name, data in splits.items()}
+    assert len(keys["test"]) == len(splits["test"]) >= 500
+    names = list(keys)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            assert not keys[a] & keys[b], (a, b)
+    assert trace_splits()["test"][:5] == splits["test"][:5]  # from a seed
+    for name in ("trace-llama", "trace-qwen2"):
+        tok = demo._as_loaded(*_bare(name), "/tmp/hacpo-test-tok-" + name)
+        lengths = [len(tok(r["solution"], add_special_tokens=False)["input_ids"]) for r in splits["test"]]
+        assert min(lengths) >= 15, (name, min(lengths))
+
+
+def _bare(name):
+    spec = demo.BUILTIN_AGENTS[name]
+    from hacpo_trl.tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
+
+    tok = char_tokenizer() if spec.architecture == "llama" else bpe_tokenizer()
+    model = (tiny_llama if spec.architecture == "llama" else tiny_qwen2)(tok, hidden_size=8, layers=1)
+    return model, tok
+
+
+def test_trace_reward_grades_the_final_answer_only():
+    completions = [
+        "7+5=12, 4+8+1=13, 3+2+1=6, so 632",  # right
+        "7+5=11, 4+8+1=99, so 632",  # wrong steps, right final answer: still 1
+        "7+5=12, 4+8+1=13, 3+2+1=6, so 633",  # right steps, wrong answer
+        "632",  # no "so": no final answer
+        "so 1, so 632",  # the last "so" counts
+    ]
+    assert arithmetic_trace_answer(completions, ["632"] * 5) == [1.0, 1.0, 0.0, 0.0, 1.0]
+
+
+# --------------------------------------------------------------------------------------- layout and metrics
+
+
+def test_deal_round_robin_by_hand():
+    # self rows 0-3, peer rows 4-7, two updates: each update gets two self rows and two peer rows
+    assert deal_round_robin(torch.arange(8), 2).tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    assert deal_round_robin(torch.arange(6), 3).tolist() == [0, 3, 1, 4, 2, 5]
+
+
+@pytest.mark.parametrize("n_self, n_total, chunks", [(64, 128, 4), (64, 96, 4), (10, 12, 2)])
+def test_peer_row_order_layouts(n_self, n_total, chunks):
+    gen = torch.Generator().manual_seed(0)
+    first = peer_row_order(n_self, n_total, chunks, "self_first", gen)
+    assert sorted(first.tolist()) == list(range(n_total))
+    assert (first[:n_self] < n_self).all() and (first[n_self:] >= n_self).all()
+    mixed = peer_row_order(n_self, n_total, chunks, "interleaved", torch.Generator().manual_seed(0))
+    assert sorted(mixed.tolist()) == list(range(n_total))
+    per_chunk = [int((c < n_self).sum()) for c in mixed.chunk(chunks)]
+    assert max(per_chunk) - min(per_chunk) <= 1 and sum(per_chunk) == n_self  # every update: its share of self rows
+    # the same shuffles, only dealt differently
+    assert mixed.tolist() == deal_round_robin(first, chunks).tolist()
+    with pytest.raises(ValueError, match="peer_layout"):
+        peer_row_order(n_self, n_total, chunks, "random")
+    with pytest.raises(ValueError, match="equal chunks"):
+        peer_row_order(3, 7, 2, "interleaved")
+
+
+def test_peer_ratio_stats_by_hand():
+    s = torch.tensor([0.5, 0.9, 1.0, 2.0])
+    lb = torch.tensor([0.8, 0.8, 0.85, 0.85])
+    stats = peer_ratio_stats(s, lb)
+    assert stats["mean"] == pytest.approx(1.1)
+    assert stats["median"] == pytest.approx(0.9)  # torch: the lower middle value
+    assert stats["geomean"] == pytest.approx(math.exp((math.log(0.5) + math.log(0.9) + math.log(2.0)) / 4))
+    assert (stats["in_band"], stats["low"], stats["high"]) == (0.5, 0.25, 0.25)
+    assert stats["lower_bound"] == pytest.approx(0.825)
+    assert peer_ratio_stats(torch.tensor([]), torch.tensor([])) == {}
+    with pytest.raises(ValueError, match="finite and > 0"):
+        peer_ratio_stats(torch.tensor([0.0]), torch.tensor([0.8]))
