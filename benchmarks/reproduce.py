@@ -66,6 +66,7 @@ ABLATIONS: dict[str, dict] = {
     "w/o stepwise (fixed bound)": {"peer_delta_step": 0.0},
     "w/o peer clipping": {"peer_clipping": False},
 }  # the correct-only peer filter is the remedy's row
+NO_BAND = ("Naive", "w/o peer clipping")
 UPDATES = {name: updates for name, (_, _, updates) in METHODS.items()}
 SHARING = [m for m in METHODS if m not in ("GSPO", "GSPO×2")]
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -344,6 +345,8 @@ def _markdown(report, args, methods, run_seconds, argv) -> list[str]:
                 peer = entry["peer"][agent].get(method, {})
                 ratio = f"{peer['median']:.3f} / {peer['geomean']:.3f}" if "median" in peer else "–"
                 band = f"{peer['in_band']:.2f} / {peer['low']:.2f} / {peer['high']:.2f}" if "in_band" in peer else "–"
+                if method in NO_BAND and "in_band" in peer:  # every peer row trains; the band's share for reference
+                    band = f"no band ({peer['in_band']:.2f} in it)"
                 lb = f"{peer['lower_bound']:.3f}" if "lower_bound" in peer else "–"
                 row += f" {acc} | {_fmt_ci(delta) if delta else '–'} | {ratio} | {band} | {lb} |"
             lines.append(row)

@@ -126,8 +126,9 @@ def test_every_accelerate_config_loads(path):
 
 
 def test_demo_trains_two_builtin_agents_end_to_end(tmp_path, builtin_cache):
-    """The CPU demo as `make demo` runs it (120 steps, 300 held-out problems): built-in agents built, trained with
-    HACPO, evaluated, saved, plotted, and both agents' held-out accuracy rises."""
+    """The short-answer CPU demo recipe (`recipes/demo_cpu.yaml`, the quickstart notebook's; 120 steps, 300 held-out
+    problems): built-in agents built, trained with HACPO, evaluated, saved, plotted, and both agents' held-out
+    accuracy rises."""
     out = tmp_path / "demo"
     proc = accelerate_launch(
         2, "-m", "hacpo_trl.train", "--config", str(ROOT / "recipes" / "demo_cpu.yaml"), "--output_dir", str(out),
