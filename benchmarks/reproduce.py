@@ -220,12 +220,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="JSON settings to try as the remedy (screen with --split validation)",
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "runs")
+    parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/runs/<split>-<steps>steps")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.steps, args.eval_every, args.ablation_pair = args.seeds[:2], 6, 0, ""
         args.methods = args.methods or ["GSPO", "Naive", "HACPO"]
+    # finished runs are reused (an interrupted grid resumes), so runs of another length or split live elsewhere
+    args.out = args.out or ROOT / "benchmarks" / "runs" / f"{args.split}-{args.steps}steps"
     if args.remedy is not None:
         REMEDY.clear()
         REMEDY.update(args.remedy)
