@@ -35,7 +35,6 @@ SHARED_SETTINGS = (
     "max_completion_length",
     "share_rollouts",
     "peer_filter",
-    "peer_layout",
     "capability_window",
     "capability_metric",
     "save_strategy",  # agents checkpoint together, so that resuming finds a step every agent saved
