@@ -21,12 +21,15 @@ install: $(BIN)/activate
 $(VENV)/.installed: pyproject.toml
 	$(MAKE) install
 
-# Two built-in tiny agents learn arithmetic together with HACPO on the CPU (a few minutes).
+# Two built-in tiny agents learn worked-solution arithmetic together with HACPO on the CPU, in the paper's regime
+# (peer ratios near 1): the pair where HACPO helped most in benchmarks/RESULTS.md, 12 generation batches as there.
+DEMO_PAIR ?= size
 demo: $(VENV)/.installed
 	$(BIN)/accelerate launch --config_file accelerate_configs/cpu_2agents.yaml \
-		-m hacpo_trl.train --config recipes/demo_cpu.yaml
+		-m hacpo_trl.train --config recipes/tiny_$(DEMO_PAIR).yaml --output_dir outputs/demo --max_steps 48
 
-# Table 1 and the ablations in miniature on CPU (9-13 min on 2 cores) -> benchmarks/RESULTS.md
+# Table 1 and the ablations in miniature on CPU: 3 pairs x 6 methods x 8 seeds plus ablations
+# -> benchmarks/RESULTS.md, results.json, learning_curves.png (`python benchmarks/reproduce.py --quick`: minutes)
 reproduce: $(VENV)/.installed
 	$(BIN)/python benchmarks/reproduce.py
 

@@ -66,6 +66,7 @@ ABLATIONS: dict[str, dict] = {
     "w/o stepwise (fixed bound)": {"peer_delta_step": 0.0},
     "w/o peer clipping": {"peer_clipping": False},
 }  # the correct-only peer filter is the remedy's row
+NO_BAND = ("Naive", "w/o peer clipping")
 UPDATES = {name: updates for name, (_, _, updates) in METHODS.items()}
 SHARING = [m for m in METHODS if m not in ("GSPO", "GSPO×2")]
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -219,12 +220,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="JSON settings to try as the remedy (screen with --split validation)",
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "runs")
+    parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/runs/<split>-<steps>steps")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.steps, args.eval_every, args.ablation_pair = args.seeds[:2], 6, 0, ""
         args.methods = args.methods or ["GSPO", "Naive", "HACPO"]
+    # finished runs are reused (an interrupted grid resumes), so runs of another length or split live elsewhere
+    args.out = args.out or ROOT / "benchmarks" / "runs" / f"{args.split}-{args.steps}steps"
     if args.remedy is not None:
         REMEDY.clear()
         REMEDY.update(args.remedy)
@@ -344,6 +347,8 @@ def _markdown(report, args, methods, run_seconds, argv) -> list[str]:
                 peer = entry["peer"][agent].get(method, {})
                 ratio = f"{peer['median']:.3f} / {peer['geomean']:.3f}" if "median" in peer else "–"
                 band = f"{peer['in_band']:.2f} / {peer['low']:.2f} / {peer['high']:.2f}" if "in_band" in peer else "–"
+                if method in NO_BAND and "in_band" in peer:  # every peer row trains; the band's share for reference
+                    band = f"no band ({peer['in_band']:.2f} in it)"
                 lb = f"{peer['lower_bound']:.3f}" if "lower_bound" in peer else "–"
                 row += f" {acc} | {_fmt_ci(delta) if delta else '–'} | {ratio} | {band} | {lb} |"
             lines.append(row)

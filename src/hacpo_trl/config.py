@@ -36,7 +36,6 @@ SHARED_SETTINGS = (
     "mask_truncated_completions",  # every learner must mask the same peers' unfinished completions
     "share_rollouts",
     "peer_filter",
-    "peer_layout",
     "capability_window",
     "capability_metric",
     "save_strategy",  # agents checkpoint together, so that resuming finds a step every agent saved
