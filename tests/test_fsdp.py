@@ -56,7 +56,7 @@ def test_held_out_evaluation_runs_on_every_rank_when_forwards_are_collective(mon
         def select(self, rows):
             return Rows(self[i] for i in rows)
 
-    script_args = SimpleNamespace(eval_samples=2, reward_funcs=["accuracy"])
+    script_args = SimpleNamespace(eval_samples=2, reward_funcs=["accuracy"], task="arithmetic")
     for rank in (0, 1):
         trainer = SimpleNamespace(
             is_fsdp_enabled=sharded,

@@ -18,7 +18,8 @@ from hacpo_trl.plan_cli import main as plan_main
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "model_configs"
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
-GPU_RECIPES = [p for p in RECIPES if p.stem != "demo_cpu"]
+CPU_RECIPES = [p for p in RECIPES if p.stem == "demo_cpu" or p.stem.startswith("tiny_")]  # the built-in agents
+GPU_RECIPES = [p for p in RECIPES if p not in CPU_RECIPES]
 H100 = 79.6  # GiB of an 80 GB card
 
 
@@ -183,9 +184,9 @@ def test_every_gpu_recipe_passes_its_own_plan(path, hub_cache, capsys):
         assert _accelerate_config(path).name.startswith("zero2_")
 
 
-def test_demo_recipe_plan(capsys):
-    """The CPU demo: expectations from the recipe's own numbers (its owner may change them)."""
-    path = ROOT / "recipes" / "demo_cpu.yaml"
+@pytest.mark.parametrize("path", CPU_RECIPES, ids=[p.stem for p in CPU_RECIPES])
+def test_cpu_recipe_plan(path, capsys):
+    """The CPU recipes (the demo and the benchmark's pairs): expectations from each recipe's own numbers."""
     recipe = yaml.safe_load(path.read_text())
     code = plan_main(["--config", str(path), "--plan", "--accelerate_config", str(_accelerate_config(path))])
     out = capsys.readouterr().out
@@ -196,7 +197,9 @@ def test_demo_recipe_plan(capsys):
     prompts = per_device * ranks * recipe["steps_per_generation"] // recipe["num_generations"]
     assert out.count(f"rows per forward pass: {n_agents * per_device}") == n_agents
     assert out.count(f"generation batch: {prompts} prompts x {recipe['num_generations']}") == n_agents
-    assert f"{recipe['max_steps']} steps in the run" in out
+    if "max_steps" in recipe:  # with the dataset's size known the plan also counts epochs
+        steps = recipe["max_steps"]
+        assert f"{steps} steps in the run" in out or f"schedule: {steps} optimizer steps (max_steps)" in out
     assert f"global ranks 0-{ranks - 1} on cpu" in out
 
 
