@@ -1,13 +1,11 @@
 """Faults provoked for real in multi-process runs: a raising agent, a stuck agent, a killed process, a checkpoint
 truncated while saving. Every launch is bounded by a subprocess timeout, so a hang fails the test."""
 
-import os
 import shutil
 
 import pytest
 
 from conftest import summaries
-from hacpo_trl.trainer import complete_checkpoints, prune_checkpoints
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -91,24 +89,3 @@ def test_agents_resuming_from_different_steps_are_refused(two_agents, tmp_path, 
     assert proc.returncode != 0
     assert "agents would resume from different steps: [('llama0', 2), ('qwen1', 4)]" in proc.stderr
     assert not list(out.glob("checkpoint-6")) and not list(out.glob("*/checkpoint-6"))
-
-
-def test_save_total_limit_counts_only_complete_checkpoints(tmp_path):
-    def folder(step, complete):
-        path = tmp_path / f"checkpoint-{step}"
-        path.mkdir()
-        (path / "model.safetensors").write_bytes(b"x")
-        if complete:
-            (path / "hacpo_state.json").write_text("{}")
-
-    # 2, 4, 8 complete; 6 interrupted while saving; 10 is being written by a newer save
-    for step, complete in ((2, True), (4, True), (6, False), (8, True), (10, False)):
-        folder(step, complete)
-    (tmp_path / "checkpoint-best").mkdir()  # not a step: never touched
-    deleted = prune_checkpoints(str(tmp_path), limit=2, keep=str(tmp_path / "checkpoint-2"))
-    assert sorted(os.path.basename(p) for p in deleted) == ["checkpoint-6"]
-    assert sorted(complete_checkpoints(str(tmp_path))) == [2, 4, 8]
-    deleted = prune_checkpoints(str(tmp_path), limit=1)
-    assert sorted(os.path.basename(p) for p in deleted) == ["checkpoint-2", "checkpoint-4"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10", "checkpoint-8", "checkpoint-best"]
-    assert prune_checkpoints(str(tmp_path / "missing"), limit=1) == []

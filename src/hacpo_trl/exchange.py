@@ -12,11 +12,13 @@ import math
 import pickle
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.distributed_c10d import AllgatherOptions
 
-from .topology import AgentTopology
+if TYPE_CHECKING:  # only for the annotation: topology imports this module, never the reverse (no import cycle)
+    from .topology import AgentTopology
 
 __all__ = ["ExchangeError", "Exchange", "RolloutBatch", "end_startup"]
 

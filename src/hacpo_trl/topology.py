@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .exchange import Exchange
 from .placement import agent_slot, cuda_initialised_before_placement, place_process
 
 __all__ = ["AgentTopology", "at_exit", "current_topology", "exit_process", "init_agent_worlds"]
@@ -101,8 +102,6 @@ class AgentTopology:
         """Leave cleanly: wait until every process is done with the exchange group, then tear the worlds down."""
         global _TOPOLOGY
         if self.exchange_group is not None:
-            from .exchange import Exchange
-
             Exchange(self).all_gather(None, what="shutdown")
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -214,8 +213,6 @@ def _device_identity(local_rank: int) -> str | None:
 def check_distinct_devices(topology: AgentTopology) -> None:
     """Over the exchange group: no two processes of the launch on one physical GPU, and no agent silently on CPU
     while others use GPUs (e.g. an agent whose device list named GPUs the node does not have)."""
-    from .exchange import Exchange
-
     everyone = Exchange(topology).all_gather(topology.device, what="device check")
     owners: dict[str, int] = {}
     for rank, device in enumerate(everyone):

@@ -4,14 +4,14 @@ Each agent runs this trainer in its own accelerate world (see :mod:`hacpo_trl.to
 (generation with HF or vLLM, reward scoring, DDP/ZeRO/FSDP, saving, logging) stays TRL's. Four hooks change:
 
 * ``_generate_and_score_completions``: after TRL generated and scored this agent's completions, record each one's
-  generator log-prob, exchange the records with every other agent, update the capability tracker, re-tokenize the
-  peers' completions into this agent's view, compute capability-aware advantages over each prompt's joint group, and
-  append the peer rows after the self rows;
+  generator log-prob, exchange the records with every other agent, update the capability tracker, and append the
+  peer rows after the self rows (:mod:`hacpo_trl.peer_rows` builds them: joint capability-aware advantages, the
+  peers' completions re-tokenized into this agent's view, TRL's batch layout);
 * ``_prepare_inputs``: shuffle self and peer rows separately and keep self rows first, so that the stepwise peer
   bound sees peer rows in the later updates of a generation batch, as in the paper;
 * ``_compute_loss``: the HACPO loss of :func:`hacpo_trl.algorithm.hacpo_loss`;
 * ``_save_checkpoint`` / ``train``: the capability tracker is saved in every checkpoint and restored on resume;
-  resume picks the newest step that every agent saved completely.
+  resume picks the newest step that every agent saved completely (the rules are in :mod:`hacpo_trl.checkpoints`).
 
 ``_generate``, ``_calculate_rewards`` and ``training_step`` are wrapped only to time them (``hacpo/time/*``); with
 ``share_rollouts=False`` the loss is TRL's own, so the baselines are exactly TRL's GRPO / GSPO.
@@ -19,13 +19,11 @@ Each agent runs this trainer in its own accelerate world (see :mod:`hacpo_trl.to
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import logging
 import math
 import os
-import shutil
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -37,12 +35,21 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
-from .algorithm import CapabilityTracker, capability_aware_advantages, peer_ratio_stats, peer_row_order
+from .algorithm import CapabilityTracker, peer_ratio_stats, peer_row_order
+from .checkpoints import (
+    check_same_start,
+    complete_checkpoints,
+    prune_checkpoints,
+    read_state,
+    resume_checkpoint,
+    write_state,
+)
 from .config import HACPOConfig
 from .demo import resolve_model
 from .exchange import Exchange, ExchangeError, RolloutBatch, end_startup
+from .peer_rows import append_peer_rows, build_peer_rows, self_prompt_tokens
 from .pretrained import original_model
-from .retokenize import completion_text, peer_completion_ids
+from .retokenize import completion_text
 from .topology import at_exit, current_topology
 from .vllm_seed import use_agent_engine_seeds
 
@@ -51,7 +58,6 @@ __all__ = ["HACPOTrainer", "PROMPT_ID_COLUMN"]
 logger = logging.getLogger(__name__)
 
 PROMPT_ID_COLUMN = "hacpo_prompt_id"
-STATE_FILE = "hacpo_state.json"
 _UNSUPPORTED_KEYS = ("pixel_values", "image_grid_thw", "tool_mask", "num_images")
 
 
@@ -65,50 +71,6 @@ def with_prompt_ids(dataset):
     if dataset is None or PROMPT_ID_COLUMN in (dataset.column_names or []):
         return dataset
     return dataset.map(_prompt_id, with_indices=True)
-
-
-def _checkpoints(run_dir: str) -> dict[int, str]:
-    """Every ``checkpoint-<step>`` folder in ``run_dir``, complete or not, by step."""
-    found = {}
-    for path in glob.glob(os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-*")):
-        step = path.rsplit("-", 1)[-1]
-        if step.isdigit():
-            found[int(step)] = path
-    return found
-
-
-def complete_checkpoints(run_dir: str) -> dict[int, str]:
-    """The checkpoints in ``run_dir`` that finished saving (they hold ``hacpo_state.json``), by step."""
-    return {s: p for s, p in _checkpoints(run_dir).items() if os.path.isfile(os.path.join(p, STATE_FILE))}
-
-
-def prune_checkpoints(run_dir: str, limit: int, keep: str | None = None) -> list[str]:
-    """``save_total_limit`` counted in complete checkpoints only: keep the newest ``limit`` complete ones (and
-    ``keep``, the best model's), delete older ones and any folder left incomplete before the newest complete one.
-    Folders newer than the newest complete checkpoint are left alone. Returns the deleted paths."""
-    complete = complete_checkpoints(run_dir)
-    if limit < 1 or not complete:
-        return []
-    kept = set(sorted(complete)[-limit:])
-    newest = max(complete)
-    deleted = []
-    for step, path in sorted(_checkpoints(run_dir).items()):
-        if step >= newest or step in kept or (keep and os.path.abspath(path) == os.path.abspath(keep)):
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        deleted.append(path)
-    return deleted
-
-
-def _pad_rows(rows: list[torch.Tensor], value: float, side: str, width: int | None = None) -> torch.Tensor:
-    width = max([width or 0] + [r.shape[0] for r in rows])
-    out = torch.full((len(rows), width), value, dtype=rows[0].dtype)
-    for i, r in enumerate(rows):
-        if side == "left":
-            out[i, width - r.shape[0] :] = r
-        else:
-            out[i, : r.shape[0]] = r
-    return out
 
 
 class _OptimizerTimer(TrainerCallback):
@@ -389,149 +351,24 @@ class HACPOTrainer(GRPOTrainer):
         )
 
     def _add_peer_rows(self, batch, records, prompt_ids, rewards, by_agent, exchange_time, mode):
-        args = self.args
-        device = batch["completion_ids"].device
-        n_self = len(prompt_ids)
+        """Append the peer rows of :func:`~hacpo_trl.peer_rows.build_peer_rows` to TRL's batch; log their counts."""
         batch.pop("old_per_token_logps", None)  # HACPO's loss uses per-sequence old log-probs (hacpo_old_mean_logp)
-        caps = self.capability.capabilities()
-
-        # this process's prompt groups and the learner's own prompt tokens for each
-        self_rows: dict[str, list[int]] = defaultdict(list)
-        for i, pid in enumerate(prompt_ids):
-            self_rows[pid].append(i)
-        prompt_tokens = {
-            pid: batch["prompt_ids"][rows[0]][batch["prompt_mask"][rows[0]].bool()].cpu()
-            for pid, rows in self_rows.items()
-        }
-
-        # candidate peer rows for those prompts
-        peers = []  # (pid, source, text, reward, old_mean, old_len, terminated)
-        rejected = 0
-        for agent in self.agent_names:
-            if agent == self.agent:
-                continue
-            for r in by_agent[agent]:
-                for j, pid in enumerate(r.prompt_ids):
-                    if pid not in self_rows:
-                        continue
-                    if not (math.isfinite(r.rewards[j]) and math.isfinite(r.old_mean_logps[j])):
-                        rejected += 1
-                        continue
-                    peers.append(
-                        (pid, agent, r.texts[j], r.rewards[j], r.old_mean_logps[j], r.num_tokens[j], r.terminated[j])
-                    )
-
-        # capability-aware advantages over each joint group (all finite rewards, self and peer)
-        joint_rewards, joint_sources, joint_groups = [], [], []
-        self_index = []
-        for i, pid in enumerate(prompt_ids):
-            if math.isfinite(float(rewards[i])):
-                self_index.append(i)
-                joint_rewards.append(float(rewards[i]))
-                joint_sources.append(self.agent)
-                joint_groups.append(pid)
-        for pid, source, _, reward, *_ in peers:
-            joint_rewards.append(reward)
-            joint_sources.append(source)
-            joint_groups.append(pid)
-        advantages = capability_aware_advantages(
-            joint_rewards,
-            joint_sources,
-            joint_groups,
+        rows = build_peer_rows(
+            prompt_ids,
+            rewards,
+            [r for agent_records in by_agent.values() for r in agent_records],
             self.agent,
-            caps,
-            capability_weighting=args.capability_baseline,
-            zero_uniform_groups=args.zero_uniform_groups,
-            max_reward=args.max_reward,
-            min_ratio=args.capability_ratio_min,
-            max_ratio=args.capability_ratio_max,
-        ).float()
-        self_adv = torch.zeros(n_self)
-        self_adv[self_index] = advantages[: len(self_index)]
-        peer_adv = advantages[len(self_index) :]
-
-        # re-tokenize the peer rows we train on
-        eos = self._tokenizer.eos_token_id
-        kept, truncated, filtered = [], 0, 0
-        retokenize_start = time.perf_counter()
-        for (pid, source, text, reward, old_mean, old_len, term), adv in zip(peers, peer_adv.tolist(), strict=True):
-            if args.peer_filter == "correct" and not reward > 0:
-                filtered += 1
-                continue
-            view = peer_completion_ids(self._tokenizer, text, term, args.max_completion_length, eos)
-            if view is None:
-                rejected += 1
-                continue
-            truncated += view.truncated
-            # With mask_truncated_completions, a completion the generator did not finish (no EOS: TRL zeroed its mask,
-            # so the record holds 0 tokens and old log-prob 0) or that this learner had to cut is masked like TRL
-            # masks its own truncated rows: it stays in the baseline but gets no loss. A record with no generator
-            # tokens has no old log-prob to form a ratio with, in any mode.
-            cut = view.truncated or not term
-            valid = not (cut and args.mask_truncated_completions) and old_len > 0
-            kept.append((pid, source, view.ids, adv, old_mean, old_len, valid))
-
-        retokenize_time = time.perf_counter() - retokenize_start
-        n_peer = len(kept)
-        n_pad = (-(n_self + n_peer)) % args.steps_per_generation
-        width_p = batch["prompt_ids"].shape[1]
+            self.agent_names,
+            self.capability.capabilities(),
+            self.args,
+            self._tokenizer,
+        )
+        prompt_tokens = self_prompt_tokens(prompt_ids, batch["prompt_ids"], batch["prompt_mask"])
         pad_id = self._tokenizer.pad_token_id
-        peer_prompt = [prompt_tokens[k[0]] for k in kept] + [prompt_tokens[prompt_ids[0]]] * n_pad
-        peer_completion = [torch.tensor(k[2]) for k in kept] + [torch.tensor([pad_id])] * n_pad
-        rows = n_peer + n_pad
-        if rows:
-            p_ids = _pad_rows(peer_prompt, pad_id, "left", width_p)
-            p_mask = _pad_rows([torch.ones_like(t) for t in peer_prompt], 0, "left", width_p)
-            c_ids = _pad_rows(peer_completion, pad_id, "right")
-            c_mask = _pad_rows([torch.ones_like(t) for t in peer_completion], 0, "right")
-            width_c = max(c_ids.shape[1], batch["completion_ids"].shape[1])
-
-            def widen(t: torch.Tensor, value) -> torch.Tensor:
-                if t.shape[1] == width_c:
-                    return t
-                extra = torch.full((t.shape[0], width_c - t.shape[1]), value, dtype=t.dtype, device=t.device)
-                return torch.cat([t, extra], dim=1)
-
-            batch["prompt_ids"] = torch.cat([batch["prompt_ids"], p_ids.to(device)])
-            batch["prompt_mask"] = torch.cat([batch["prompt_mask"], p_mask.to(device)])
-            batch["completion_ids"] = torch.cat(
-                [widen(batch["completion_ids"], pad_id), widen(c_ids, pad_id).to(device)]
-            )
-            batch["completion_mask"] = torch.cat([widen(batch["completion_mask"], 0), widen(c_mask, 0).to(device)])
-            if "ref_per_token_logps" in batch:
-                ref = widen(batch["ref_per_token_logps"], 0.0)
-                batch["ref_per_token_logps"] = torch.cat(
-                    [ref, torch.zeros(rows, width_c, dtype=ref.dtype, device=device)]
-                )
-            if "importance_sampling_ratio" in batch:
-                ratio = batch["importance_sampling_ratio"]
-                if ratio.dim() == 2 and ratio.shape[1] > 1:
-                    ratio = widen(ratio, 1.0)
-                filler = torch.ones(rows, *ratio.shape[1:], dtype=ratio.dtype, device=device)
-                batch["importance_sampling_ratio"] = torch.cat([ratio, filler])
-
-        def column(values, dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=device)
-
-        batch["advantages"] = torch.cat(
-            [self_adv.to(device), column([k[3] for k in kept] + [0.0] * n_pad, torch.float32)]
-        )
-        batch["hacpo_is_peer"] = torch.cat([batch["hacpo_is_peer"], column([True] * rows, torch.bool)])
-        batch["hacpo_old_mean_logp"] = torch.cat(
-            [batch["hacpo_old_mean_logp"], column([k[4] for k in kept] + [0.0] * n_pad, torch.float32)]
-        )
-        batch["hacpo_old_len"] = torch.cat(
-            [batch["hacpo_old_len"], column([k[5] for k in kept] + [1] * n_pad, torch.long)]
-        )
-        batch["hacpo_omega"] = torch.cat(
-            [batch["hacpo_omega"], column([self._omega(k[1], self.agent) for k in kept] + [1.0] * n_pad, torch.float32)]
-        )
-        batch["hacpo_valid"] = torch.cat(
-            [batch["hacpo_valid"], column([k[6] for k in kept] + [False] * n_pad, torch.bool)]
-        )
-        batch["hacpo_num_self"] = n_self  # read by _prepare_inputs, then dropped
-
-        stats = torch.tensor([n_peer, rejected, truncated, filtered], dtype=torch.float32, device=device)
+        batch = append_peer_rows(batch, rows, prompt_tokens, prompt_ids, self.args.steps_per_generation, pad_id)
+        batch["hacpo_num_self"] = len(prompt_ids)  # read by _prepare_inputs, then dropped
+        counts = [len(rows), rows.rejected, rows.truncated, rows.filtered]
+        stats = torch.tensor(counts, dtype=torch.float32, device=batch["completion_ids"].device)
         n_peer, rejected, truncated, filtered = self.accelerator.gather(stats).view(-1, 4).sum(0).tolist()
         self._metrics[mode]["hacpo/peer_rows"].append(n_peer)
         self._metrics[mode]["hacpo/peer_rows_rejected"].append(rejected)
@@ -541,7 +378,7 @@ class HACPOTrainer(GRPOTrainer):
         self._metrics[mode]["hacpo/time/exchange_transfer"].append(self.exchange.last_transfer)
         self._metrics[mode]["hacpo/time/exchange_wait"].append(self.exchange.last_wait)
         self._metrics[mode]["hacpo/exchange_bytes"].append(self.exchange.last_bytes)
-        self._metrics[mode]["hacpo/retokenize_time"].append(retokenize_time)
+        self._metrics[mode]["hacpo/retokenize_time"].append(rows.retokenize_seconds)
         return batch
 
     def _prepare_inputs(self, generation_batch):
@@ -838,17 +675,8 @@ class HACPOTrainer(GRPOTrainer):
         run_dir = self._get_output_dir(trial=trial)
         if self.args.should_save:
             folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            state = {
-                "agent": self.agent,
-                "global_step": self.state.global_step,
-                "capability": self.capability.state_dict(),
-            }
-            tmp = os.path.join(folder, STATE_FILE + ".tmp")
-            with open(tmp, "w") as f:
-                json.dump(state, f, indent=2)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, os.path.join(folder, STATE_FILE))
+            step, capability = self.state.global_step, self.capability.state_dict()
+            write_state(folder, {"agent": self.agent, "global_step": step, "capability": capability})
         self.exchange.all_gather((self.agent, self.state.global_step), what="checkpoint saved by every agent")
         if limit and self.args.should_save:
             prune_checkpoints(run_dir, limit, keep=self.state.best_model_checkpoint)
@@ -863,40 +691,11 @@ class HACPOTrainer(GRPOTrainer):
         )
         checkpoint = resume_from_checkpoint
         if checkpoint is True or checkpoint == "last":
-            common = set.intersection(*(set(steps) for _, main, steps, _ in everyone if main))
-            if not common:
-                raise ValueError(
-                    f"agent {self.agent!r}: resume_from_checkpoint=True but no step was saved completely by every "
-                    f"agent (complete steps: { {a: s for a, m, s, _ in everyone if m} })"
-                )
-            step = max(common)
-            lacking = [self.topology.describe_rank(r) for r, (_, _, s, _) in enumerate(everyone) if step not in s]
-            if lacking:  # every process loads the checkpoint (weights, its RNG state), not only the agent's main one
-                raise ValueError(
-                    f"resuming from step {step}, but {', '.join(lacking)} cannot see a complete checkpoint-{step} "
-                    "in its agent's output_dir. Every process of an agent reads the agent's checkpoints: without a "
-                    "filesystem shared by all nodes, copy each agent's checkpoint folder to the same path on every "
-                    "node that runs one of its processes (each node also keeps its own processes' rng_state files)."
-                )
-            newer = [s for s in complete if s > step]
-            if newer:
-                logger.warning(
-                    f"agent {self.agent!r}: resuming from step {step}, not from incomplete or unshared {newer}"
-                )
-            checkpoint = complete[step]
+            checkpoint = resume_checkpoint(self.agent, complete, everyone, self.topology.describe_rank)
         step = 0
         if checkpoint:
-            path = os.path.join(checkpoint, STATE_FILE)
-            if not os.path.isfile(path):
-                raise ValueError(
-                    f"agent {self.agent!r}: {checkpoint} has no {STATE_FILE}: it is not a HACPO checkpoint, or saving "
-                    "it was interrupted"
-                )
-            with open(path) as f:
-                state = json.load(f)
+            state = read_state(checkpoint, self.agent)
             self.capability.load_state_dict(state["capability"])
             step = state["global_step"]
-        starts = self.exchange.all_gather((self.agent, step), what="resume steps")
-        if len({s for _, s in starts}) > 1:
-            raise ValueError(f"agents would resume from different steps: {sorted(set(starts))}; resume them together")
+        check_same_start(self.exchange.all_gather((self.agent, step), what="resume steps"))
         return super().train(resume_from_checkpoint=checkpoint or None, **kwargs)

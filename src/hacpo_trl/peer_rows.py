@@ -1,0 +1,228 @@
+"""The learner's view of a generation batch: which peer completions it trains on, and how.
+
+Plain functions over this process's self rows and the exchanged :class:`~hacpo_trl.exchange.RolloutBatch` records,
+so the peer-row pipeline is testable without a trainer or a process group. :func:`build_peer_rows` picks the peer
+rows of this process's prompts, computes capability-aware advantages over each prompt's joint group (self and
+peer), re-tokenizes the peers' texts with the learner's tokenizer and decides which rows get a loss;
+:func:`append_peer_rows` pads them into TRL's batch layout after the self rows. ``HACPOTrainer`` only glues them in.
+
+``settings`` is the agent's :class:`~hacpo_trl.config.HACPOConfig` (or any object with the same attributes): it
+reads ``peer_filter``, ``mask_truncated_completions``, ``max_completion_length``, ``capability_baseline``,
+``zero_uniform_groups``, ``max_reward``, ``capability_ratio_min`` and ``capability_ratio_max``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .algorithm import capability_aware_advantages, capability_ratio
+from .exchange import RolloutBatch
+from .retokenize import peer_completion_ids
+
+__all__ = ["PeerRows", "append_peer_rows", "build_peer_rows", "self_prompt_tokens"]
+
+
+@dataclass
+class PeerRows:
+    """The peer rows one process appends after its self rows, one entry per row, and why others were left out."""
+
+    prompt_ids: list[str] = field(default_factory=list)  # the prompt each row answers
+    sources: list[str] = field(default_factory=list)  # the agent that generated it
+    completion_ids: list[list[int]] = field(default_factory=list)  # its completion in the learner's tokens
+    advantages: list[float] = field(default_factory=list)
+    old_mean_logps: list[float] = field(default_factory=list)  # the generator's, in its own tokenization
+    old_lengths: list[int] = field(default_factory=list)  # the generator's token count
+    omega: list[float] = field(default_factory=list)  # ω(source, learner), Eq. (8)
+    valid: list[bool] = field(default_factory=list)  # gets a loss (False: in the baseline only)
+    self_advantages: torch.Tensor = field(default_factory=lambda: torch.zeros(0))  # the self rows' (joint) advantages
+    rejected: int = 0  # non-finite reward or old log-prob, or nothing left after re-tokenization
+    truncated: int = 0  # cut to max_completion_length in the learner's tokens
+    filtered: int = 0  # left out by peer_filter="correct"
+    retokenize_seconds: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+
+def self_prompt_tokens(prompt_ids: Sequence[str], batch_prompt_ids, batch_prompt_mask) -> dict[str, torch.Tensor]:
+    """The learner's own prompt tokens (unpadded, on CPU) for each prompt id of its self rows."""
+    first: dict[str, int] = {}
+    for i, pid in enumerate(prompt_ids):
+        first.setdefault(pid, i)
+    return {pid: batch_prompt_ids[i][batch_prompt_mask[i].bool()].cpu() for pid, i in first.items()}
+
+
+def build_peer_rows(
+    prompt_ids: Sequence[str],
+    rewards: torch.Tensor | Sequence[float],
+    records: Sequence[RolloutBatch],
+    learner: str,
+    agent_names: Sequence[str],
+    capabilities: Mapping[str, float],
+    settings,
+    tokenizer,
+) -> PeerRows:
+    """The peer rows for this process's self rows (``prompt_ids`` and ``rewards``, NaN = unscorable).
+
+    Every other agent's record of one of these prompts is a candidate (in ``agent_names`` order, then record order).
+    A candidate with a non-finite reward or old log-prob is rejected. Advantages are
+    :func:`~hacpo_trl.algorithm.capability_aware_advantages` over each prompt's joint group of finite rewards, self
+    rows included (a self row with a NaN reward gets 0). Then ``peer_filter="correct"`` drops peer rows without a
+    positive reward (after the advantages, so they still count in the baseline), and each remaining text is
+    re-tokenized by :func:`~hacpo_trl.retokenize.peer_completion_ids` (``None``: rejected).
+    """
+    mine = set(prompt_ids)
+    out = PeerRows()
+    candidates = []  # (pid, source, text, reward, old_mean, old_len, terminated)
+    for agent in agent_names:
+        if agent == learner:
+            continue
+        for r in (r for r in records if r.agent == agent):
+            for j, pid in enumerate(r.prompt_ids):
+                if pid not in mine:
+                    continue
+                if not (math.isfinite(r.rewards[j]) and math.isfinite(r.old_mean_logps[j])):
+                    out.rejected += 1
+                    continue
+                candidates.append(
+                    (pid, agent, r.texts[j], r.rewards[j], r.old_mean_logps[j], r.num_tokens[j], r.terminated[j])
+                )
+
+    # capability-aware advantages over each joint group (all finite rewards, self and peer)
+    joint_rewards, joint_sources, joint_groups, self_index = [], [], [], []
+    for i, pid in enumerate(prompt_ids):
+        if math.isfinite(float(rewards[i])):
+            self_index.append(i)
+            joint_rewards.append(float(rewards[i]))
+            joint_sources.append(learner)
+            joint_groups.append(pid)
+    for pid, source, _, reward, *_ in candidates:
+        joint_rewards.append(reward)
+        joint_sources.append(source)
+        joint_groups.append(pid)
+    ratio_min, ratio_max = settings.capability_ratio_min, settings.capability_ratio_max
+    advantages = capability_aware_advantages(
+        joint_rewards,
+        joint_sources,
+        joint_groups,
+        learner,
+        capabilities,
+        capability_weighting=settings.capability_baseline,
+        zero_uniform_groups=settings.zero_uniform_groups,
+        max_reward=settings.max_reward,
+        min_ratio=ratio_min,
+        max_ratio=ratio_max,
+    ).float()
+    out.self_advantages = torch.zeros(len(prompt_ids))
+    out.self_advantages[self_index] = advantages[: len(self_index)]
+    peer_adv = advantages[len(self_index) :]
+
+    # re-tokenize the peer rows we train on
+    eos = tokenizer.eos_token_id
+    start = time.perf_counter()
+    for (pid, source, text, reward, old_mean, old_len, term), adv in zip(candidates, peer_adv.tolist(), strict=True):
+        if settings.peer_filter == "correct" and not reward > 0:
+            out.filtered += 1
+            continue
+        view = peer_completion_ids(tokenizer, text, term, settings.max_completion_length, eos)
+        if view is None:
+            out.rejected += 1
+            continue
+        out.truncated += view.truncated
+        # With mask_truncated_completions, a completion the generator did not finish (no EOS: TRL zeroed its mask,
+        # so the record holds 0 tokens and old log-prob 0) or that this learner had to cut is masked like TRL
+        # masks its own truncated rows: it stays in the baseline but gets no loss. A record with no generator
+        # tokens has no old log-prob to form a ratio with, in any mode.
+        cut = view.truncated or not term
+        out.prompt_ids.append(pid)
+        out.sources.append(source)
+        out.completion_ids.append(view.ids)
+        out.advantages.append(adv)
+        out.old_mean_logps.append(old_mean)
+        out.old_lengths.append(old_len)
+        out.omega.append(capability_ratio(capabilities[source], capabilities[learner], ratio_min, ratio_max))
+        out.valid.append(not (cut and settings.mask_truncated_completions) and old_len > 0)
+    out.retokenize_seconds = time.perf_counter() - start
+    return out
+
+
+def _pad_rows(rows: list[torch.Tensor], value: float, side: str, width: int | None = None) -> torch.Tensor:
+    width = max([width or 0] + [r.shape[0] for r in rows])
+    out = torch.full((len(rows), width), value, dtype=rows[0].dtype)
+    for i, r in enumerate(rows):
+        if side == "left":
+            out[i, width - r.shape[0] :] = r
+        else:
+            out[i, : r.shape[0]] = r
+    return out
+
+
+def append_peer_rows(
+    batch: dict,
+    rows: PeerRows,
+    prompt_tokens: Mapping[str, torch.Tensor],
+    self_prompt_ids: Sequence[str],
+    steps_per_generation: int,
+    pad_id: int,
+) -> dict:
+    """``batch`` (TRL's self rows plus the ``hacpo_*`` columns) with ``rows`` appended in the same layout.
+
+    Peer prompts are the learner's own prompt tokens (``prompt_tokens``, left-padded), completions right-padded;
+    columns widen to the longer completion. Padding rows (invalid, advantage 0) make the row count divisible by
+    ``steps_per_generation`` so TRL can split the batch. ``advantages`` become the joint ones of ``rows``.
+    """
+    device = batch["completion_ids"].device
+    n_self = len(self_prompt_ids)
+    n_peer = len(rows)
+    n_pad = (-(n_self + n_peer)) % steps_per_generation
+    width_p = batch["prompt_ids"].shape[1]
+    peer_prompt = [prompt_tokens[pid] for pid in rows.prompt_ids] + [prompt_tokens[self_prompt_ids[0]]] * n_pad
+    peer_completion = [torch.tensor(ids) for ids in rows.completion_ids] + [torch.tensor([pad_id])] * n_pad
+    total = n_peer + n_pad
+    if total:
+        p_ids = _pad_rows(peer_prompt, pad_id, "left", width_p)
+        p_mask = _pad_rows([torch.ones_like(t) for t in peer_prompt], 0, "left", width_p)
+        c_ids = _pad_rows(peer_completion, pad_id, "right")
+        c_mask = _pad_rows([torch.ones_like(t) for t in peer_completion], 0, "right")
+        width_c = max(c_ids.shape[1], batch["completion_ids"].shape[1])
+
+        def widen(t: torch.Tensor, value) -> torch.Tensor:
+            if t.shape[1] == width_c:
+                return t
+            extra = torch.full((t.shape[0], width_c - t.shape[1]), value, dtype=t.dtype, device=t.device)
+            return torch.cat([t, extra], dim=1)
+
+        batch["prompt_ids"] = torch.cat([batch["prompt_ids"], p_ids.to(device)])
+        batch["prompt_mask"] = torch.cat([batch["prompt_mask"], p_mask.to(device)])
+        batch["completion_ids"] = torch.cat([widen(batch["completion_ids"], pad_id), widen(c_ids, pad_id).to(device)])
+        batch["completion_mask"] = torch.cat([widen(batch["completion_mask"], 0), widen(c_mask, 0).to(device)])
+        if "ref_per_token_logps" in batch:
+            ref = widen(batch["ref_per_token_logps"], 0.0)
+            batch["ref_per_token_logps"] = torch.cat([ref, torch.zeros(total, width_c, dtype=ref.dtype, device=device)])
+        if "importance_sampling_ratio" in batch:
+            ratio = batch["importance_sampling_ratio"]
+            if ratio.dim() == 2 and ratio.shape[1] > 1:
+                ratio = widen(ratio, 1.0)
+            filler = torch.ones(total, *ratio.shape[1:], dtype=ratio.dtype, device=device)
+            batch["importance_sampling_ratio"] = torch.cat([ratio, filler])
+
+    def column(values, dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    def append(key: str, values: list, filler, dtype) -> None:
+        batch[key] = torch.cat([batch[key], column(values + [filler] * n_pad, dtype)])
+
+    batch["advantages"] = torch.cat(
+        [rows.self_advantages.to(device), column(rows.advantages + [0.0] * n_pad, torch.float32)]
+    )
+    batch["hacpo_is_peer"] = torch.cat([batch["hacpo_is_peer"], column([True] * total, torch.bool)])
+    append("hacpo_old_mean_logp", rows.old_mean_logps, 0.0, torch.float32)
+    append("hacpo_old_len", rows.old_lengths, 1, torch.long)
+    append("hacpo_omega", rows.omega, 1.0, torch.float32)
+    append("hacpo_valid", rows.valid, False, torch.bool)
+    return batch

@@ -1,0 +1,90 @@
+"""Joint checkpointing over folders and gathered reports: no trainer, no process group."""
+
+import json
+import logging
+import os
+
+import pytest
+
+from hacpo_trl.checkpoints import (
+    STATE_FILE,
+    check_same_start,
+    complete_checkpoints,
+    prune_checkpoints,
+    read_state,
+    resume_checkpoint,
+    write_state,
+)
+
+
+def test_save_total_limit_counts_only_complete_checkpoints(tmp_path):
+    def folder(step, complete):
+        path = tmp_path / f"checkpoint-{step}"
+        path.mkdir()
+        (path / "model.safetensors").write_bytes(b"x")
+        if complete:
+            (path / "hacpo_state.json").write_text("{}")
+
+    # 2, 4, 8 complete; 6 interrupted while saving; 10 is being written by a newer save
+    for step, complete in ((2, True), (4, True), (6, False), (8, True), (10, False)):
+        folder(step, complete)
+    (tmp_path / "checkpoint-best").mkdir()  # not a step: never touched
+    deleted = prune_checkpoints(str(tmp_path), limit=2, keep=str(tmp_path / "checkpoint-2"))
+    assert sorted(os.path.basename(p) for p in deleted) == ["checkpoint-6"]
+    assert sorted(complete_checkpoints(str(tmp_path))) == [2, 4, 8]
+    deleted = prune_checkpoints(str(tmp_path), limit=1)
+    assert sorted(os.path.basename(p) for p in deleted) == ["checkpoint-2", "checkpoint-4"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10", "checkpoint-8", "checkpoint-best"]
+    assert prune_checkpoints(str(tmp_path / "missing"), limit=1) == []
+
+
+def test_state_written_atomically_and_read_back(tmp_path):
+    state = {"agent": "A", "global_step": 4, "capability": {"steps": 4}}
+    write_state(str(tmp_path), state)
+    assert sorted(os.listdir(tmp_path)) == [STATE_FILE]  # no temporary file left behind
+    assert json.loads((tmp_path / STATE_FILE).read_text()) == state == read_state(str(tmp_path), "A")
+    assert complete_checkpoints(str(tmp_path.parent)) == {}  # not a checkpoint-<step> folder
+
+
+def test_reading_an_interrupted_checkpoint_names_it(tmp_path):
+    with pytest.raises(ValueError, match=f"agent 'A': {tmp_path} has no {STATE_FILE}.*saving it was interrupted"):
+        read_state(str(tmp_path), "A")
+
+
+def describe(rank):
+    return f"process {rank}"
+
+
+# one (agent, is_agent_main_process, complete steps, resume_from_checkpoint) per process, in global-rank order
+A_MAIN, A_OTHER = ("A", True, [2, 4, 6], True), ("A", False, [2, 4, 6], True)
+B_MAIN = ("B", True, [2, 4], True)
+
+
+def test_resume_from_the_newest_step_every_agent_completed(caplog):
+    complete = {2: "a/checkpoint-2", 4: "a/checkpoint-4", 6: "a/checkpoint-6"}
+    with caplog.at_level(logging.WARNING, logger="hacpo_trl.checkpoints"):
+        assert resume_checkpoint("A", complete, [A_MAIN, A_OTHER, B_MAIN], describe) == "a/checkpoint-4"
+    assert "agent 'A': resuming from step 4, not from incomplete or unshared [6]" in caplog.text
+    caplog.clear()
+    assert resume_checkpoint("B", {2: "b/2", 4: "b/4"}, [A_MAIN, A_OTHER, B_MAIN], describe) == "b/4"
+    assert not caplog.text
+
+
+def test_resume_without_a_common_step_refuses():
+    everyone = [("A", True, [6], True), ("B", True, [2, 4], True)]
+    with pytest.raises(ValueError, match=r"no step was saved completely by every agent .*'A': \[6\], 'B': \[2, 4\]"):
+        resume_checkpoint("A", {6: "a/6"}, everyone, describe)
+
+
+def test_resume_where_a_process_cannot_see_the_checkpoint_names_it():
+    # A's second process is on a node without the shared filesystem: it sees no checkpoint of A at all
+    everyone = [A_MAIN, ("A", False, [], True), B_MAIN]
+    with pytest.raises(ValueError, match="resuming from step 4, but process 1 cannot see a complete checkpoint-4"):
+        resume_checkpoint("A", {4: "a/4"}, everyone, describe)
+
+
+def test_agents_must_start_from_one_step():
+    check_same_start([("A", 4), ("A", 4), ("B", 4)])
+    check_same_start([("A", 0), ("B", 0)])
+    with pytest.raises(ValueError, match=r"agents would resume from different steps: \[\('A', 2\), \('B', 4\)\]"):
+        check_same_start([("A", 2), ("A", 2), ("B", 4)])

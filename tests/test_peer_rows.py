@@ -1,0 +1,192 @@
+"""The peer-row pipeline on hand-built records: no trainer, no process group."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hacpo_trl.algorithm import capability_aware_advantages
+from hacpo_trl.exchange import RolloutBatch
+from hacpo_trl.peer_rows import append_peer_rows, build_peer_rows, self_prompt_tokens
+from hacpo_trl.tiny import bpe_tokenizer, char_tokenizer
+
+CHAR = char_tokenizer()
+BPE = bpe_tokenizer()
+NAN, INF = float("nan"), float("inf")
+LONG = "1234567890123 + 4567890123 = 1234567890123"  # over 12 tokens in either tokenizer
+CAPS = {"A": 0.25, "B": 0.75, "C": 0.5}  # the learner A is the weakest
+SELF_IDS = ["p0", "p0", "p1", "p1"]
+SELF_REWARDS = torch.tensor([1.0, 0.0, NAN, 0.0])  # self row 2 is unscorable
+
+
+def settings(**overrides):
+    base = dict(
+        peer_filter="all",
+        mask_truncated_completions=True,
+        max_completion_length=12,
+        capability_baseline=True,
+        zero_uniform_groups=True,
+        max_reward=1.0,
+        capability_ratio_min=0.1,
+        capability_ratio_max=10.0,
+    )
+    return SimpleNamespace(**{**base, **overrides})
+
+
+def records():
+    """The learner's own record, then C's (rank order need not be agent order), then B's."""
+
+    def batch(agent, rank, rows):
+        pids, texts, rewards, logps, lengths, terminated = map(list, zip(*rows, strict=True))
+        return RolloutBatch(agent, rank, 3, pids, texts, rewards, logps, lengths, terminated)
+
+    own = batch("A", 0, [(p, "own", 1.0, -1.0, 3, True) for p in SELF_IDS])
+    c = batch("C", 2, [
+        ("p0", LONG, 1.0, -0.3, 20, True),  # cut to 12 learner tokens (its EOS too): truncated
+        ("p1", "42", 1.0, INF, 2, True),  # broken old log-prob: rejected
+        ("p1", "", 1.0, 0.0, 0, True),  # no generator tokens: the EOS action, never a loss (no ratio)
+    ])  # fmt: skip
+    b = batch("B", 1, [
+        ("p0", "12 + 3 = 15", 1.0, -0.5, 9, True),
+        ("p0", "7", 0.0, -0.4, 2, False),  # unfinished: no EOS appended
+        ("p1", "x", NAN, -0.2, 1, True),  # unscorable: rejected
+        ("p1", "", 0.0, -0.1, 1, False),  # empty and unfinished: in the baseline, nothing to learn from
+        ("p9", "zzz", 1.0, -0.1, 3, True),  # not one of this process's prompts: ignored, not counted
+    ])  # fmt: skip
+    return [own, c, b]
+
+
+def build(tokenizer=BPE, **overrides):
+    return build_peer_rows(
+        SELF_IDS, SELF_REWARDS, records(), "A", ["A", "B", "C"], CAPS, settings(**overrides), tokenizer
+    )
+
+
+@pytest.mark.parametrize("tok", [CHAR, BPE], ids=["char", "bpe"])
+def test_rows_in_the_learners_tokens_with_counts(tok):
+    rows = build(tok)
+    # B's rows before C's (agent order), each agent's in record order; NaN / inf / empty-unfinished rejected
+    assert rows.sources == ["B", "B", "C", "C"] and rows.prompt_ids == ["p0", "p0", "p0", "p1"]
+    assert (rows.rejected, rows.truncated, rows.filtered) == (3, 1, 0)
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    eos = tok.eos_token_id
+    assert rows.completion_ids == [ids("12 + 3 = 15") + [eos], ids("7"), ids(LONG)[:12], [eos]]
+    assert rows.old_mean_logps == [-0.5, -0.4, -0.3, 0.0] and rows.old_lengths == [9, 2, 20, 0]
+    assert rows.omega == pytest.approx([3.0, 3.0, 2.0, 2.0])  # ω(source, learner) = P̂_source / P̂_A
+    # unfinished and truncated rows stay in the baseline without a loss; a 0-token record never gets one
+    assert rows.valid == [True, False, False, False]
+    assert build(tok, mask_truncated_completions=False).valid == [True, True, True, False]
+
+
+def test_tokenizers_give_different_rows():
+    assert build(CHAR).completion_ids[0] != build(BPE).completion_ids[0]
+
+
+def test_joint_advantages_by_hand():
+    rows = build()
+    # p0: A [1, 0], B [1, 0], C [1]; peer rewards scaled by ω(A, source) = 1/3 (B), 1/2 (C)
+    mu0, s0 = (1 + 0 + 1 / 3 + 0 + 1 / 2) / 5, math.sqrt(0.3)  # std([1, 0, 1, 0, 1]) with Bessel
+    # p1: A [0] (its NaN row left out), B [0] (the empty row: rejected only after the advantages), C [1]
+    mu1, s1 = (0 + 0 + 1 / 2) / 3, math.sqrt(1 / 3)
+    eps = 1e-6
+    expected_self = [(1 - mu0) / (s0 + eps), (0 - mu0) / (s0 + eps), 0.0, (0 - mu1) / (s1 + eps)]
+    torch.testing.assert_close(rows.self_advantages, torch.tensor(expected_self))
+    expected_peer = [(1 - mu0) / (s0 + eps), (0 - mu0) / (s0 + eps), (1 - mu0) / (s0 + eps), (1 - mu1) / (s1 + eps)]
+    assert rows.advantages == pytest.approx(expected_peer, rel=1e-5)
+    # and exactly what the algorithm module gives for the same joint groups
+    joint = capability_aware_advantages(
+        [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0],
+        ["A", "A", "A", "B", "B", "B", "C", "C"],
+        ["p0", "p0", "p1", "p0", "p0", "p1", "p0", "p1"],
+        "A",
+        CAPS,
+    ).float()
+    assert rows.advantages == joint[[3, 4, 6, 7]].tolist()
+    assert rows.self_advantages[[0, 1, 3]].tolist() == joint[:3].tolist()
+
+
+def test_correct_filter_keeps_the_baseline():
+    every, correct = build(), build(peer_filter="correct")
+    # B's two zero-reward rows are filtered (the empty one before it could be rejected), after the advantages
+    assert (correct.rejected, correct.truncated, correct.filtered) == (2, 1, 2)
+    assert correct.sources == ["B", "C", "C"]
+    assert correct.advantages == [every.advantages[i] for i in (0, 2, 3)]
+    assert torch.equal(correct.self_advantages, every.self_advantages)
+
+
+def test_no_peers_no_rows():
+    own = records()[0]
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    rows = build_peer_rows(SELF_IDS, rewards, [own], "A", ["A", "B"], CAPS, settings(), BPE)
+    assert len(rows) == 0 and (rows.rejected, rows.truncated, rows.filtered) == (0, 0, 0)
+    s = torch.tensor([1.0, 0.0]).std()
+    torch.testing.assert_close(rows.self_advantages, torch.tensor([0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.0, 0.0]))
+
+
+def _self_batch():
+    prompts = [[5, 6, 7], [5, 6, 7], [8, 9], [8, 9]]
+    return {
+        "prompt_ids": torch.tensor([[0] * (3 - len(p)) + p for p in prompts]),
+        "prompt_mask": torch.tensor([[0] * (3 - len(p)) + [1] * len(p) for p in prompts]),
+        "completion_ids": torch.tensor([[10, 11], [12, 0], [13, 14], [15, 0]]),
+        "completion_mask": torch.tensor([[1, 1], [1, 0], [1, 1], [1, 0]]),
+        "advantages": torch.zeros(4),
+        "ref_per_token_logps": torch.full((4, 2), -2.0),
+        "importance_sampling_ratio": torch.full((4,), 0.5),
+        "hacpo_is_peer": torch.zeros(4, dtype=torch.bool),
+        "hacpo_old_mean_logp": torch.full((4,), -1.0),
+        "hacpo_old_len": torch.tensor([2, 1, 2, 1]),
+        "hacpo_omega": torch.ones(4),
+        "hacpo_valid": torch.ones(4, dtype=torch.bool),
+    }
+
+
+def test_self_prompt_tokens_are_the_learners_unpadded_prompts():
+    batch = _self_batch()
+    tokens = self_prompt_tokens(SELF_IDS, batch["prompt_ids"], batch["prompt_mask"])
+    assert {k: v.tolist() for k, v in tokens.items()} == {"p0": [5, 6, 7], "p1": [8, 9]}
+
+
+def test_rows_appended_in_trls_layout():
+    rows = build()
+    batch = _self_batch()
+    tokens = self_prompt_tokens(SELF_IDS, batch["prompt_ids"], batch["prompt_mask"])
+    out = append_peer_rows(batch, rows, tokens, SELF_IDS, steps_per_generation=3, pad_id=0)
+    # 4 self + 4 peer rows + 1 padding row: 9 rows split into 3 equal mini-batches
+    assert out["prompt_ids"].shape == (9, 3)
+    width = max(2, max(len(c) for c in rows.completion_ids))
+    assert out["completion_ids"].shape == out["completion_mask"].shape == out["ref_per_token_logps"].shape == (9, width)
+    for row, pid in zip(range(4, 9), rows.prompt_ids + ["p0"], strict=True):  # the padding row reuses p0
+        assert out["prompt_ids"][row][out["prompt_mask"][row].bool()].tolist() == tokens[pid].tolist()
+    for row, ids in zip(range(4, 8), rows.completion_ids, strict=True):
+        assert out["completion_ids"][row][out["completion_mask"][row].bool()].tolist() == ids
+    assert out["completion_ids"][8].tolist() == [0] * width and out["completion_mask"][8].tolist() == [1] + [0] * (
+        width - 1
+    )
+    # self rows widened with padding, their values untouched
+    assert out["completion_ids"][0, :2].tolist() == [10, 11] and out["completion_mask"][:4, 2:].sum() == 0
+    assert (out["ref_per_token_logps"][:4, :2] == -2).all() and (out["ref_per_token_logps"][:4, 2:] == 0).all()
+    assert (out["ref_per_token_logps"][4:] == 0).all()
+    assert out["importance_sampling_ratio"].tolist() == [0.5] * 4 + [1.0] * 5
+    # the HACPO columns
+    assert out["hacpo_is_peer"].tolist() == [False] * 4 + [True] * 5
+    assert out["hacpo_valid"].tolist() == [True] * 4 + rows.valid + [False]
+    assert out["hacpo_old_len"].tolist() == [2, 1, 2, 1] + rows.old_lengths + [1]
+    torch.testing.assert_close(out["hacpo_omega"], torch.tensor([1.0] * 4 + rows.omega + [1.0]))
+    torch.testing.assert_close(out["hacpo_old_mean_logp"], torch.tensor([-1.0] * 4 + rows.old_mean_logps + [0.0]))
+    torch.testing.assert_close(
+        out["advantages"], torch.cat([rows.self_advantages, torch.tensor(rows.advantages + [0.0])])
+    )
+
+
+def test_nothing_to_append_keeps_trls_tensors():
+    batch = _self_batch()
+    before = {k: v.clone() for k, v in batch.items()}
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    empty = build_peer_rows(SELF_IDS, rewards, records()[:1], "A", ["A", "B"], CAPS, settings(), BPE)
+    tokens = self_prompt_tokens(SELF_IDS, batch["prompt_ids"], batch["prompt_mask"])
+    out = append_peer_rows(batch, empty, tokens, SELF_IDS, steps_per_generation=2, pad_id=0)
+    for key in ("prompt_ids", "completion_ids", "completion_mask", "ref_per_token_logps", "hacpo_valid"):
+        assert torch.equal(out[key], before[key])
+    torch.testing.assert_close(out["advantages"], empty.self_advantages)
