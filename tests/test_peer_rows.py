@@ -124,6 +124,20 @@ def test_no_peers_no_rows():
     torch.testing.assert_close(rows.self_advantages, torch.tensor([0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.0, 0.0]))
 
 
+def test_a_group_left_with_one_finite_reward_gets_no_advantage_instead_of_stopping_the_run():
+    """p1: one self row unscorable and the only peer row unscorable too leaves a single finite reward, whose std is
+    undefined; that group carries no signal (advantage 0) while p0 is computed as usual."""
+    own = RolloutBatch("A", 0, 3, ["p0", "p0", "p1", "p1"], ["o"] * 4, [1.0, 0.0, NAN, 0.0], [-1.0] * 4, [1] * 4,
+                       [True] * 4)  # fmt: skip
+    peer = RolloutBatch("B", 1, 3, ["p0", "p1"], ["12", "7"], [1.0, NAN], [-0.5, -0.5], [2, 1], [True, True])
+    rewards = torch.tensor([1.0, 0.0, NAN, 0.0])
+    rows = build_peer_rows(SELF_IDS, rewards, [own, peer], "A", ["A", "B"], CAPS, settings(), BPE)
+    assert rows.rejected == 1 and rows.prompt_ids == ["p0"]
+    p0 = capability_aware_advantages([1.0, 0.0, 1.0], ["A", "A", "B"], ["p0"] * 3, "A", CAPS).float()
+    assert rows.self_advantages.tolist() == [p0[0].item(), p0[1].item(), 0.0, 0.0]
+    assert rows.advantages == [p0[2].item()]
+
+
 def _self_batch():
     prompts = [[5, 6, 7], [5, 6, 7], [8, 9], [8, 9]]
     return {

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -106,18 +107,24 @@ def build_peer_rows(
         joint_sources.append(source)
         joint_groups.append(pid)
     ratio_min, ratio_max = settings.capability_ratio_min, settings.capability_ratio_max
-    advantages = capability_aware_advantages(
-        joint_rewards,
-        joint_sources,
-        joint_groups,
-        learner,
-        capabilities,
-        capability_weighting=settings.capability_baseline,
-        zero_uniform_groups=settings.zero_uniform_groups,
-        max_reward=settings.max_reward,
-        min_ratio=ratio_min,
-        max_ratio=ratio_max,
-    ).float()
+    # A joint group left with one finite reward (its other rows unscorable or rejected) has no spread to learn from:
+    # its row gets advantage 0, as TRL gives a group whose std is 0, instead of stopping the run.
+    sizes = Counter(joint_groups)
+    usable = [k for k, gid in enumerate(joint_groups) if sizes[gid] > 1]
+    advantages = torch.zeros(len(joint_rewards))
+    if usable:
+        advantages[usable] = capability_aware_advantages(
+            [joint_rewards[k] for k in usable],
+            [joint_sources[k] for k in usable],
+            [joint_groups[k] for k in usable],
+            learner,
+            capabilities,
+            capability_weighting=settings.capability_baseline,
+            zero_uniform_groups=settings.zero_uniform_groups,
+            max_reward=settings.max_reward,
+            min_ratio=ratio_min,
+            max_ratio=ratio_max,
+        ).float()
     out.self_advantages = torch.zeros(len(prompt_ids))
     out.self_advantages[self_index] = advantages[: len(self_index)]
     peer_adv = advantages[len(self_index) :]
