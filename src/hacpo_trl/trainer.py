@@ -19,18 +19,14 @@ Each agent runs this trainer in its own accelerate world (see :mod:`hacpo_trl.to
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import math
 import os
 import time
-from collections import defaultdict
 from contextlib import contextmanager
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer, TrainerCallback
+from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
@@ -45,9 +41,20 @@ from .checkpoints import (
     write_state,
 )
 from .config import HACPOConfig
-from .demo import resolve_model
-from .exchange import Exchange, ExchangeError, RolloutBatch, end_startup
-from .peer_rows import append_peer_rows, build_peer_rows, self_prompt_tokens
+from .exchange import (
+    PROMPT_ID_COLUMN,
+    Exchange,
+    RolloutBatch,
+    check_same_prompts,
+    end_startup,
+    rewards_by_agent,
+    with_prompt_ids,
+)
+from .loading import resolve_agent
+from .metrics import LOSS_SUMS, loss_metric_sums, loss_metrics, peer_row_metrics
+from .model_card import hacpo_card_section
+from .peer_loss import batch_row_flags, gradient_rows, rows_loss, score_peer_rows
+from .peer_rows import add_self_columns, append_peer_rows, build_peer_rows, self_prompt_tokens
 from .pretrained import original_model
 from .retokenize import completion_text
 from .topology import at_exit, current_topology
@@ -57,20 +64,7 @@ __all__ = ["HACPOTrainer", "PROMPT_ID_COLUMN"]
 
 logger = logging.getLogger(__name__)
 
-PROMPT_ID_COLUMN = "hacpo_prompt_id"
 _UNSUPPORTED_KEYS = ("pixel_values", "image_grid_thw", "tool_mask", "num_images")
-
-
-def _prompt_id(example: dict, index: int) -> dict:
-    digest = hashlib.sha1(json.dumps(example["prompt"], sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return {PROMPT_ID_COLUMN: f"{index}:{digest}"}
-
-
-def with_prompt_ids(dataset):
-    """Add a prompt id (row index + content hash) so agents can prove they train on the same prompts."""
-    if dataset is None or PROMPT_ID_COLUMN in (dataset.column_names or []):
-        return dataset
-    return dataset.map(_prompt_id, with_indices=True)
 
 
 class _OptimizerTimer(TrainerCallback):
@@ -125,26 +119,9 @@ class HACPOTrainer(GRPOTrainer):
         for name in ("tools", "environment_factory", "rollout_func"):
             if kwargs.get(name) is not None:
                 raise ValueError(f"HACPOTrainer does not support `{name}` yet")
-        if model is None:
-            if not spec.model_name_or_path:
-                raise ValueError(f"agent {spec.name!r} has no `model_name_or_path` and no model was passed")
-            model = spec.model_name_or_path
-        if isinstance(model, str):
-            model = resolve_model(model)  # `builtin:<name>`, as in recipes: the cached folder
-        self._base_model = (
-            model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
+        model, self._base_model, processing_class, peft_config = resolve_agent(
+            spec, model, processing_class, peft_config
         )
-        if processing_class is None:
-            source = spec.tokenizer_name_or_path or (model if isinstance(model, str) else None)
-            if source is None:
-                source = getattr(getattr(model, "config", None), "_name_or_path", None)
-            if not source:
-                raise ValueError(f"agent {spec.name!r}: pass `processing_class` or set `tokenizer_name_or_path`")
-            processing_class = AutoTokenizer.from_pretrained(source, padding_side="left")
-        if peft_config is None and spec.lora is not None:
-            from peft import LoraConfig
-
-            peft_config = LoraConfig(**{"task_type": "CAUSAL_LM", **spec.lora})
         if args.top_entropy_quantile < 1.0 or args.off_policy_mask_threshold is not None:
             raise ValueError("HACPO's loss does not support `top_entropy_quantile` < 1 or `off_policy_mask_threshold`")
 
@@ -258,23 +235,8 @@ class HACPOTrainer(GRPOTrainer):
                 raise ValueError(f"HACPOTrainer does not support `{key}` (multimodal or tool-calling) inputs yet")
         batch.pop("sampling_per_token_logps", None)
         mode = "train" if self.model.training else "eval"
-        n_self = len(inputs)
-        device = batch["completion_ids"].device
-        mask = batch["completion_mask"]
-        lengths = mask.sum(-1)
-        old_logps = self._own_old_logps(batch)
-        old_mean = ((old_logps * mask).sum(-1) / lengths.clamp(min=1)).float()
-        rewards = self._own_rewards(n_self)
-        eos_ids = set(self.eos_token_ids)
-        last = batch["completion_ids"].gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-        terminated = [bool(n > 0 and int(t) in eos_ids) for n, t in zip(lengths.tolist(), last.tolist(), strict=True)]
-        own_valid = (lengths > 0) & torch.isfinite(rewards).to(device) & torch.isfinite(old_mean)
-
-        batch["hacpo_is_peer"] = torch.zeros(n_self, dtype=torch.bool, device=device)
-        batch["hacpo_old_mean_logp"] = old_mean.to(device)
-        batch["hacpo_old_len"] = lengths.to(device)
-        batch["hacpo_omega"] = torch.ones(n_self, device=device)
-        batch["hacpo_valid"] = own_valid
+        rewards = self._own_rewards(len(inputs))
+        columns = add_self_columns(batch, self._own_old_logps(batch), rewards, self.eos_token_ids)
         if mode == "eval" or len(self.agent_names) == 1 or not self.args.share_rollouts:
             batch["advantages"] = torch.nan_to_num(batch["advantages"], nan=0.0)
             if len(self.agent_names) > 1 and mode == "train":
@@ -283,17 +245,8 @@ class HACPOTrainer(GRPOTrainer):
 
         texts = [completion_text(c) for c in self._captured["completions"]]
         prompt_ids = [x[PROMPT_ID_COLUMN] for x in inputs]
-        record = RolloutBatch(
-            agent=self.agent,
-            global_rank=self.topology.global_rank,
-            step=self.state.global_step,
-            prompt_ids=prompt_ids,
-            texts=texts,
-            rewards=rewards.tolist(),
-            old_mean_logps=old_mean.cpu().tolist(),
-            num_tokens=lengths.cpu().tolist(),
-            terminated=terminated,
-        )
+        step, rank = self.state.global_step, self.topology.global_rank
+        record = RolloutBatch(self.agent, rank, step, prompt_ids, texts, **columns)
         start = time.perf_counter()
         records = self.exchange.all_gather(record, what=f"rollouts of step {self.state.global_step}")
         exchange_time = time.perf_counter() - start
@@ -311,39 +264,22 @@ class HACPOTrainer(GRPOTrainer):
         self._update_capability(records, "train")
 
     def _check_same_prompts(self, records: list[RolloutBatch]) -> None:
-        per_agent: dict[str, list[str]] = defaultdict(list)
-        steps = {r.step for r in records}
-        if len(steps) > 1:
-            raise ExchangeError(f"agents are at different steps {sorted(steps)}: every agent must train in lockstep")
-        for r in records:
-            per_agent[r.agent].extend(r.prompt_ids)
-        reference = sorted(per_agent[self.agent])
-        for agent, ids in per_agent.items():
-            if sorted(ids) != reference:
-                missing = sorted(set(reference) - set(ids))[:3]
-                extra = sorted(set(ids) - set(reference))[:3]
-                raise ExchangeError(
-                    f"step {self.state.global_step}: agent {agent!r} received different prompts than agent "
-                    f"{self.agent!r} (missing {missing}, unexpected {extra}). Every agent needs the same dataset, "
-                    "seed and generation batch size."
-                )
+        check_same_prompts(records, self.agent, self.state.global_step)
 
     def _update_capability(self, records: list[RolloutBatch], mode: str) -> dict[str, list[RolloutBatch]]:
-        by_agent: dict[str, list[RolloutBatch]] = defaultdict(list)
-        for r in records:
-            by_agent[r.agent].append(r)
-        step_rewards = {}
-        for agent in self.agent_names:
-            values = [x for r in by_agent[agent] for x in r.rewards if math.isfinite(x)]
-            step_rewards[agent] = values or [0.0]
+        step_rewards = rewards_by_agent(records, self.agent_names)
         self.capability.update(step_rewards)
         caps = self.capability.capabilities()
         for agent in self.agent_names:
-            self._metrics[mode][f"hacpo/capability/{agent}"].append(caps[agent])
-            self._metrics[mode][f"hacpo/reward/{agent}"].append(sum(step_rewards[agent]) / len(step_rewards[agent]))
+            self._log(mode, {f"hacpo/capability/{agent}": caps[agent]})
+            self._log(mode, {f"hacpo/reward/{agent}": sum(step_rewards[agent]) / len(step_rewards[agent])})
             if agent != self.agent:
-                self._metrics[mode][f"hacpo/omega/{agent}"].append(self._omega(agent, self.agent))
-        return by_agent
+                self._log(mode, {f"hacpo/omega/{agent}": self._omega(agent, self.agent)})
+        return {agent: [r for r in records if r.agent == agent] for agent in dict.fromkeys(r.agent for r in records)}
+
+    def _log(self, mode: str, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self._metrics[mode][key].append(value)
 
     def _omega(self, numerator: str, denominator: str) -> float:
         return self.capability.omega(
@@ -369,16 +305,11 @@ class HACPOTrainer(GRPOTrainer):
         batch["hacpo_num_self"] = len(prompt_ids)  # read by _prepare_inputs, then dropped
         counts = [len(rows), rows.rejected, rows.truncated, rows.filtered]
         stats = torch.tensor(counts, dtype=torch.float32, device=batch["completion_ids"].device)
-        n_peer, rejected, truncated, filtered = self.accelerator.gather(stats).view(-1, 4).sum(0).tolist()
-        self._metrics[mode]["hacpo/peer_rows"].append(n_peer)
-        self._metrics[mode]["hacpo/peer_rows_rejected"].append(rejected)
-        self._metrics[mode]["hacpo/peer_rows_truncated"].append(truncated)
-        self._metrics[mode]["hacpo/peer_rows_filtered"].append(filtered)
-        self._metrics[mode]["hacpo/exchange_time"].append(exchange_time)
-        self._metrics[mode]["hacpo/time/exchange_transfer"].append(self.exchange.last_transfer)
-        self._metrics[mode]["hacpo/time/exchange_wait"].append(self.exchange.last_wait)
-        self._metrics[mode]["hacpo/exchange_bytes"].append(self.exchange.last_bytes)
-        self._metrics[mode]["hacpo/retokenize_time"].append(rows.retokenize_seconds)
+        self._log(mode, peer_row_metrics(self.accelerator.gather(stats).view(-1, 4).sum(0).tolist()))
+        ex = self.exchange
+        self._log(mode, {"hacpo/exchange_time": exchange_time, "hacpo/time/exchange_transfer": ex.last_transfer})
+        self._log(mode, {"hacpo/time/exchange_wait": ex.last_wait, "hacpo/exchange_bytes": ex.last_bytes})
+        self._log(mode, {"hacpo/retokenize_time": rows.retokenize_seconds})
         return batch
 
     def _prepare_inputs(self, generation_batch):
@@ -437,8 +368,6 @@ class HACPOTrainer(GRPOTrainer):
         forward runs is decided by all of them together: if any rank has a peer row to score, every rank runs it (a
         rank with none scores one row and discards it). A per-rank decision deadlocks or crashes the agent's world.
         """
-        from .algorithm import peer_objective, sequence_log_ratio, stepwise_lower_bound
-
         cfg = self.hacpo_loss_config
         candidates = inputs["hacpo_is_peer"] & inputs["hacpo_valid"]
         if cfg.naive or not cfg.peer_clipping or not self.args.skip_clipped_peer_backward:
@@ -451,34 +380,9 @@ class HACPOTrainer(GRPOTrainer):
             return None
         with torch.no_grad():
             logps = self._row_logps(model, inputs, candidates)
-            log_s = sequence_log_ratio(
-                logps,
-                inputs["completion_mask"][candidates],
-                inputs["hacpo_old_mean_logp"][candidates].to(logps.dtype),
-                inputs["hacpo_old_len"][candidates],
-                mode=cfg.ratio_mode,
-                max_abs_log_ratio=cfg.max_abs_log_ratio,
-            )
-            ratio = log_s.exp()
-            bound = stepwise_lower_bound(update_index, cfg.delta, cfg.delta_step)
-            outside = (ratio < bound) | (ratio > 1.0)
-            if not outside.any():
-                return None
-            omega = inputs["hacpo_omega"][candidates].to(ratio.dtype)
-            coefficient = omega if cfg.capability_coefficient else torch.ones_like(omega)
-            objective = peer_objective(
-                ratio, inputs["advantages"][candidates].to(ratio.dtype), coefficient, bound, cfg.alpha
-            )
-        rows = torch.nonzero(candidates).flatten()[outside]
-        dropped = torch.zeros_like(candidates)
-        dropped[rows] = True
-        full_ratio = torch.zeros(candidates.shape[0], dtype=ratio.dtype, device=ratio.device)
-        full_ratio[rows] = ratio[outside]
-        return dropped, float(objective[outside].sum()), full_ratio, bound
+        return score_peer_rows(logps, inputs, candidates, update_index, cfg)
 
     def _compute_loss(self, model, inputs):
-        from .algorithm import hacpo_loss
-
         if not self.args.share_rollouts:  # an independent baseline: TRL's own objective, untouched
             return super()._compute_loss(model, inputs)
         mode = "train" if self.model.training else "eval"
@@ -490,56 +394,13 @@ class HACPOTrainer(GRPOTrainer):
             update_index = 0
         is_peer, valid = inputs["hacpo_is_peer"], inputs["hacpo_valid"]
         clipped = self._clipped_peer_rows(model, inputs, update_index) if mode == "train" else None
-        keep = torch.ones_like(is_peer) if clipped is None else ~clipped[0]
-        if not keep.any():  # every row is a clipped peer row: a zero-gradient pass keeps DDP's ranks in step
-            keep = torch.zeros_like(is_peer)
-            keep[0] = True
+        keep = gradient_rows(is_peer, clipped)
         rows = keep.nonzero().flatten()
         logps = self._row_logps(model, inputs, keep)
-        mask = inputs["completion_mask"][rows]
-        sub_peer = is_peer[rows]
-        sub_valid = valid[rows] & (clipped is None or ~clipped[0][rows])
-        old_mean = inputs["hacpo_old_mean_logp"][rows].to(logps.dtype)
-        if self._self_on_policy or mode == "eval":
-            with torch.no_grad():
-                current = (logps * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-            old_mean = torch.where(sub_peer, old_mean, current.detach())
-        weights = None
-        if "importance_sampling_ratio" in inputs:
-            ratio = inputs["importance_sampling_ratio"][rows]
-            if ratio.dim() == 2 and ratio.shape[1] > 1:
-                ratio = (ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-            weights = torch.where(sub_peer, torch.ones_like(ratio.reshape(-1)), ratio.reshape(-1))
-        ref = inputs.get("ref_per_token_logps")
-        out = hacpo_loss(
-            logps,
-            mask,
-            old_mean,
-            inputs["advantages"][rows],
-            sub_peer,
-            update_index=update_index,
-            omega=inputs["hacpo_omega"][rows],
-            old_lengths=inputs["hacpo_old_len"][rows],
-            ref_logps=None if ref is None else ref[rows],
-            valid=sub_valid,
-            weights=weights,
-            outside_rows=0 if clipped is None else int(clipped[0].sum()),
-            outside_objective=0.0 if clipped is None else clipped[1],
-            config=self.hacpo_loss_config,
-        )
+        on_policy = self._self_on_policy or mode == "eval"
+        out = rows_loss(logps, inputs, rows, update_index, clipped, self.hacpo_loss_config, self_on_policy=on_policy)
         # metrics over the whole mini-batch, the rows left out of the gradient pass included
-        ratio = torch.zeros(is_peer.shape[0], dtype=out.ratio.dtype, device=out.ratio.device)
-        ratio[rows] = out.ratio
-        low = torch.zeros_like(is_peer)
-        high = torch.zeros_like(is_peer)
-        self_clipped = torch.zeros_like(is_peer)
-        low[rows], high[rows], self_clipped[rows] = out.peer_clipped_low, out.peer_clipped_high, out.self_clipped
-        if clipped is not None:
-            dropped, _, dropped_ratio, bound = clipped
-            # a dropped row's flags come from its ratio alone (the one kept for a zero-gradient pass is also in `out`)
-            ratio = torch.where(dropped, dropped_ratio.to(ratio.dtype), ratio)
-            low = torch.where(dropped, dropped_ratio < bound, low)
-            high = torch.where(dropped, dropped_ratio > 1.0, high)
+        ratio, low, high, self_clipped = batch_row_flags(out, rows, is_peer, clipped)
         self._log_loss_metrics(
             ratio, low, high, self_clipped, out, is_peer & valid, ~is_peer & valid, mode, int(keep.sum())
         )
@@ -568,35 +429,9 @@ class HACPOTrainer(GRPOTrainer):
             self._metrics["train"][f"hacpo/peer_ratio_{key}"].append(stats[key])
 
     def _log_loss_metrics(self, r, low_mask, high_mask, self_clip_mask, out, peer, own, mode, grad_rows) -> None:
-        stats = torch.stack(
-            [
-                (r * own).sum(),
-                own.sum(),
-                (r * peer).sum(),
-                peer.sum(),
-                (low_mask & peer).sum(),
-                (high_mask & peer).sum(),
-                (self_clip_mask & own).sum(),
-                torch.tensor(float(grad_rows), device=r.device),
-                torch.tensor(float(r.shape[0]), device=r.device),
-            ]
-        ).float()
-        s_own, n_own, s_peer, n_peer, low, high, self_clip, grad_rows, rows = (
-            self.accelerator.gather(stats).view(-1, 9).sum(0).tolist()
-        )
-        metrics = self._metrics[mode]
-        metrics["hacpo/lower_bound"].append(out.lower_bound)
-        metrics["hacpo/backward_rows_fraction"].append(grad_rows / max(rows, 1))
-        if n_own:
-            metrics["hacpo/self_ratio_mean"].append(s_own / n_own)
-            metrics["clip_ratio/region_mean"].append(self_clip / n_own)
-        if n_peer:
-            metrics["hacpo/peer_ratio_mean"].append(s_peer / n_peer)
-            metrics["hacpo/peer_clipped_low"].append(low / n_peer)
-            metrics["hacpo/peer_clipped_high"].append(high / n_peer)
-            metrics["hacpo/peer_kept"].append(1 - (low + high) / n_peer)
-        if out.kl is not None:
-            metrics["kl"].append(float(out.kl.mean()))
+        stats = loss_metric_sums(r, low_mask, high_mask, self_clip_mask, peer, own, grad_rows)
+        sums = self.accelerator.gather(stats).view(-1, LOSS_SUMS).sum(0).tolist()
+        self._log(mode, loss_metrics(sums, out.lower_bound, out.kl))
 
     # -------------------------------------------------------------------------------------- saving and resume
 
@@ -630,36 +465,8 @@ class HACPOTrainer(GRPOTrainer):
             f.write(self._hacpo_card_section())
 
     def _hacpo_card_section(self) -> str:
-        args = self.args
-        lines = ["", "", "## HACPO", ""]
-        lines.append(f"This model is agent `{self.agent}` of a HACPO run (arXiv 2603.02604), trained with `hacpo-trl`.")
-        lines.append(f"Base model: `{self._base_model or 'in-memory model'}`.")
-        if original_model(self._base_model):
-            lines.append(f"It is an offline copy of `{original_model(self._base_model)}` (see its README.md).")
-        lines.append("")
-        peers = [s for s in args.specs if s.name != self.agent]
-        if peers and args.share_rollouts:
-            lines.append("It learned from its own completions and from those of its peers:")
-            lines += [f"- `{p.name}`: `{p.model_name_or_path or 'in-memory model'}`" for p in peers]
-        else:
-            lines.append("It was trained on its own completions only (no rollout sharing).")
-        settings = {
-            k: getattr(args, k)
-            for k in ("alpha", "peer_delta", "peer_delta_step", "capability_window", "capability_baseline",
-                      "capability_coefficient", "peer_clipping", "naive", "peer_filter", "epsilon", "epsilon_high",
-                      "num_generations", "learning_rate", "temperature", "max_completion_length", "beta")
-        }  # fmt: skip
-        lines += ["", "Recipe (HACPO settings):", "", "```json", json.dumps(settings, indent=2, default=str), "```", ""]
-        final: dict[str, float] = {}
-        for entry in self.state.log_history:
-            for key, value in entry.items():
-                if key == "reward" or key.startswith("hacpo/capability/") or key == "train_loss":
-                    final[key] = value
-        if final:
-            lines += ["Final training metrics:", "", "| metric | value |", "|---|---|"]
-            lines += [f"| {k} | {v:.4g} |" for k, v in final.items() if isinstance(v, int | float)]
-            lines += [f"| global step | {self.state.global_step} |", ""]
-        return "\n".join(lines) + "\n"
+        log_history, step = self.state.log_history, self.state.global_step
+        return hacpo_card_section(self.args, self.agent, self._base_model, log_history, step)
 
     def _save_checkpoint(self, model, trial):
         """TRL's checkpoint, then the capability tracker written last and atomically: a checkpoint folder without
