@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from hacpo_trl.metrics import LOSS_SUMS, loss_metric_sums, loss_metrics, peer_row_metrics
+from hacpo_trl.metrics import (
+    LOSS_SUMS,
+    capability_metrics,
+    exchange_metrics,
+    loss_metric_sums,
+    loss_metrics,
+    peer_ratio_metrics,
+    peer_row_metrics,
+)
 
 
 def test_loss_metrics_are_means_over_the_rows_they_are_about_across_ranks():
@@ -52,4 +60,40 @@ def test_peer_row_metrics_name_each_count():
         "hacpo/peer_rows_rejected": 2.0,
         "hacpo/peer_rows_truncated": 1.0,
         "hacpo/peer_rows_filtered": 3.0,
+    }
+
+
+def test_peer_ratio_metrics_summarise_a_generation_batch():
+    # ratios 0.5, 1.0, 2.0 with bounds 0.8, 0.8, 0.9: median 1, geometric mean 1, one of three in band
+    metrics = peer_ratio_metrics([(0.5, 0.8), (1.0, 0.8), (2.0, 0.9)])
+    assert metrics == pytest.approx(
+        {
+            "hacpo/peer_ratio_median": 1.0,
+            "hacpo/peer_ratio_geomean": 1.0,
+            "hacpo/peer_ratio_in_band": 1 / 3,
+            "hacpo/peer_ratio_lower_bound": 2.5 / 3,
+        }
+    )
+    assert peer_ratio_metrics([]) == {}
+
+
+def test_capability_and_exchange_metrics():
+    metrics = capability_metrics({"a": 0.25, "b": 0.75}, {"a": [1.0, 0.0], "b": [0.5]}, {"b": 3.0})
+    assert metrics == {
+        "hacpo/capability/a": 0.25,
+        "hacpo/capability/b": 0.75,
+        "hacpo/reward/a": 0.5,
+        "hacpo/reward/b": 0.5,
+        "hacpo/omega/b": 3.0,
+    }
+
+    class Exchange:
+        last_transfer, last_wait, last_bytes = 0.25, 0.5, 1024
+
+    assert exchange_metrics(Exchange(), 1.0, 0.125) == {
+        "hacpo/exchange_time": 1.0,
+        "hacpo/time/exchange_transfer": 0.25,
+        "hacpo/time/exchange_wait": 0.5,
+        "hacpo/exchange_bytes": 1024,
+        "hacpo/retokenize_time": 0.125,
     }

@@ -3,7 +3,7 @@
 import json
 
 from hacpo_trl.config import AgentSpec, HACPOConfig
-from hacpo_trl.model_card import CARD_SETTINGS, hacpo_card_section
+from hacpo_trl.model_card import CARD_SETTINGS, append_card_section, hacpo_card_section, hub_base_model
 from hacpo_trl.pretrained import PROVENANCE_FILE
 
 
@@ -51,3 +51,25 @@ def test_card_without_sharing_or_history(tmp_path):
 def test_card_settings_are_config_fields():
     fields = HACPOConfig.__dataclass_fields__
     assert [k for k in CARD_SETTINGS if k not in fields] == []
+
+
+def test_hub_base_model_names_the_hub_model_only_while_trl_writes_the_card(tmp_path):
+    (tmp_path / PROVENANCE_FILE).write_text(json.dumps({"hub_id": "Org/Real-Model"}))
+
+    class Model:
+        class config:  # noqa: N801
+            _name_or_path = "/local/copy"
+
+    with hub_base_model(Model(), str(tmp_path)):
+        assert Model.config._name_or_path == "Org/Real-Model"
+    assert Model.config._name_or_path == "/local/copy"
+    with hub_base_model(Model(), "/not/a/builtin"):
+        assert Model.config._name_or_path == "/local/copy"
+
+
+def test_append_card_section_needs_trls_card(tmp_path):
+    append_card_section(str(tmp_path), "lost")
+    assert not (tmp_path / "README.md").exists()
+    (tmp_path / "README.md").write_text("---\nbase_model: x\n---\n")
+    append_card_section(str(tmp_path), "\n## HACPO\n")
+    assert (tmp_path / "README.md").read_text() == "---\nbase_model: x\n---\n\n## HACPO\n"

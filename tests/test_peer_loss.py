@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from hacpo_trl.algorithm import HACPOLossConfig, hacpo_loss
-from hacpo_trl.peer_loss import batch_row_flags, gradient_rows, rows_loss, score_peer_rows
+from hacpo_trl.peer_loss import (
+    batch_row_flags,
+    current_update,
+    gradient_rows,
+    rows_loss,
+    score_peer_rows,
+    self_on_policy,
+)
 
 
 def _inputs(ratios):
@@ -108,3 +115,12 @@ def test_batch_row_flags_cover_the_dropped_rows_from_their_ratio_alone():
     assert self_clipped.tolist() == [False, False, False, False]
     unclipped = batch_row_flags(out, rows, inputs["hacpo_is_peer"][:2], None)
     torch.testing.assert_close(unclipped[0], torch.tensor([1.0, 0.9]))
+
+
+def test_update_index_and_self_on_policy():
+    # 2 mini-batches per generation x 2 iterations = 4 updates of 2 accumulation micro-steps each
+    assert [current_update(step, 8, 2) for step in range(10)] == [0, 0, 1, 1, 2, 2, 3, 3, 0, 0]
+    assert current_update(5, 4, 0) == 1  # no accumulation yet counts as 1
+    assert self_on_policy(4, 4, vllm_weights=False) and self_on_policy(8, 4, vllm_weights=False)
+    assert not self_on_policy(2, 4, vllm_weights=False)  # a generation batch serves two updates
+    assert not self_on_policy(4, 4, vllm_weights=True)  # vLLM importance weights need the stored log-probs

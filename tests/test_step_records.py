@@ -17,8 +17,8 @@ from hacpo_trl.exchange import (
     rewards_by_agent,
     with_prompt_ids,
 )
-from hacpo_trl.loading import resolve_agent
-from hacpo_trl.peer_rows import add_self_columns
+from hacpo_trl.loading import check_batch_supported, check_supported, moe_loss_message, resolve_agent
+from hacpo_trl.peer_rows import add_self_columns, order_rows, own_rewards
 
 EOS = 2
 
@@ -91,3 +91,38 @@ def test_resolve_agent_takes_missing_pieces_from_the_spec(tmp_path):
     assert peft.r == 4 and peft.task_type == "CAUSAL_LM"
     Model.config._name_or_path = "org/m"
     assert resolve_agent(AgentSpec(name="x"), Model(), tokenizer, "peft")[1:] == ("org/m", tokenizer, "peft")
+
+
+def test_own_rewards_are_this_processs_weighted_sums():
+    # 2 processes x 2 completions, 2 reward functions weighted 1 and 0.5; a row NaN in every function is NaN
+    per_func = torch.tensor([[1.0, 0.0], [0.0, 2.0], [float("nan"), 1.0], [float("nan"), float("nan")]])
+    weights = torch.tensor([1.0, 0.5])
+    assert own_rewards(per_func, weights, 0, 2).tolist() == [1.0, 1.0]
+    second = own_rewards(per_func, weights, 1, 2)
+    assert second[0] == 0.5 and math.isnan(second[1])
+
+
+def test_order_rows_keeps_self_rows_first_and_every_column_aligned():
+    torch.manual_seed(0)
+    batch = {"prompt_ids": torch.arange(6).unsqueeze(1), "advantages": torch.arange(6.0), "num_items": 6}
+    out = order_rows(batch, 2, 2, "self_first")
+    assert sorted(out["prompt_ids"][:2, 0].tolist()) == [0, 1] and sorted(out["prompt_ids"][2:, 0].tolist()) == [
+        2,
+        3,
+        4,
+        5,
+    ]
+    assert out["advantages"].tolist() == out["prompt_ids"][:, 0].float().tolist() and out["num_items"] == 6
+    dealt = order_rows(batch, 2, 2, "interleaved")["prompt_ids"][:, 0].tolist()
+    assert {dealt[0], dealt[3]} == {0, 1}  # one self row in each of the 2 chunks of 3
+
+
+def test_unsupported_inputs_are_named():
+    with pytest.raises(TypeError, match=r"needs `args=HACPOConfig\(...\)`"):
+        check_supported(None, {})
+    with pytest.raises(ValueError, match="does not support `pixel_values`"):
+        check_batch_supported({"prompt_ids": 1, "pixel_values": 2})
+    check_batch_supported({"prompt_ids": 1})
+    message = moe_loss_message("big", "Qwen3MoeForCausalLM", 0.001)
+    assert message.startswith("agent 'big': Qwen3MoeForCausalLM is a Mixture-of-Experts model")
+    assert "router_aux_loss_coef=0.001" in message and "`router_aux_loss_coef: 0.0`" in message

@@ -5,7 +5,39 @@ from __future__ import annotations
 
 from .demo import resolve_model
 
-__all__ = ["resolve_agent"]
+__all__ = ["check_batch_supported", "check_supported", "moe_loss_message", "resolve_agent"]
+
+_UNSUPPORTED_KEYS = ("pixel_values", "image_grid_thw", "tool_mask", "num_images")
+
+
+def check_supported(args, kwargs: dict) -> None:
+    """Reject, before anything is loaded, what HACPOTrainer cannot train: no `HACPOConfig`, tools, environments,
+    custom rollouts, or loss settings HACPO's loss does not implement."""
+    from .config import HACPOConfig
+
+    if not isinstance(args, HACPOConfig):
+        raise TypeError("HACPOTrainer needs `args=HACPOConfig(...)` (created before anything touches accelerate)")
+    for name in ("tools", "environment_factory", "rollout_func"):
+        if kwargs.get(name) is not None:
+            raise ValueError(f"HACPOTrainer does not support `{name}` yet")
+    if args.top_entropy_quantile < 1.0 or args.off_policy_mask_threshold is not None:
+        raise ValueError("HACPO's loss does not support `top_entropy_quantile` < 1 or `off_policy_mask_threshold`")
+
+
+def check_batch_supported(batch: dict) -> None:
+    """Reject a TRL generation batch with multimodal or tool-calling columns (peers could not share them)."""
+    for key in _UNSUPPORTED_KEYS:
+        if key in batch:
+            raise ValueError(f"HACPOTrainer does not support `{key}` (multimodal or tool-calling) inputs yet")
+
+
+def moe_loss_message(agent: str, model_class: str, router_aux_loss_coef: float) -> str:
+    """Why a Mixture-of-Experts agent with a router loss cannot share rollouts, and what to set instead."""
+    return (
+        f"agent {agent!r}: {model_class} is a Mixture-of-Experts model, so TRL would add its "
+        f"router load-balancing loss (router_aux_loss_coef={router_aux_loss_coef}), but HACPO's loss "
+        "does not add it. Set `router_aux_loss_coef: 0.0`, or `share_rollouts: false` for TRL's own loss."
+    )
 
 
 def resolve_agent(spec, model=None, processing_class=None, peft_config=None):

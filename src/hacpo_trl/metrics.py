@@ -6,9 +6,23 @@ metrics, so every value is over the agent's whole mini-batch, not one rank's sha
 
 from __future__ import annotations
 
-import torch
+import time
 
-__all__ = ["LOSS_SUMS", "loss_metric_sums", "loss_metrics", "peer_row_metrics"]
+import torch
+from transformers import TrainerCallback
+
+from .algorithm import peer_ratio_stats
+
+__all__ = [
+    "LOSS_SUMS",
+    "OptimizerTimer",
+    "capability_metrics",
+    "exchange_metrics",
+    "loss_metric_sums",
+    "loss_metrics",
+    "peer_ratio_metrics",
+    "peer_row_metrics",
+]
 
 LOSS_SUMS = 9  # the length of :func:`loss_metric_sums`'s vector
 
@@ -58,3 +72,46 @@ def peer_row_metrics(counts: list[float]) -> dict[str, float]:
         "hacpo/peer_rows_truncated": truncated,
         "hacpo/peer_rows_filtered": filtered,
     }
+
+
+def peer_ratio_metrics(rows: list[tuple[float, float]]) -> dict[str, float]:
+    """The median, geometric mean and share in band of a generation batch's peer ratios, and the mean bound
+    applied, from its ``(ratio, lower bound)`` pairs (nothing without peer rows)."""
+    if not rows:
+        return {}
+    stats = peer_ratio_stats(torch.tensor([r for r, _ in rows]), torch.tensor([b for _, b in rows]))
+    return {f"hacpo/peer_ratio_{key}": stats[key] for key in ("median", "geomean", "in_band", "lower_bound")}
+
+
+def capability_metrics(
+    capabilities: dict[str, float], step_rewards: dict[str, list[float]], omegas: dict[str, float]
+) -> dict[str, float]:
+    """Every agent's capability estimate and mean reward of the step; ω of each peer (toward the learner)."""
+    metrics = {f"hacpo/capability/{agent}": capabilities[agent] for agent in step_rewards}
+    metrics.update({f"hacpo/reward/{agent}": sum(r) / len(r) for agent, r in step_rewards.items()})
+    metrics.update({f"hacpo/omega/{agent}": omega for agent, omega in omegas.items()})
+    return metrics
+
+
+def exchange_metrics(exchange, exchange_time: float, retokenize_seconds: float) -> dict[str, float]:
+    """Where a step's exchange time went (``exchange`` is the :class:`~hacpo_trl.exchange.Exchange`)."""
+    return {
+        "hacpo/exchange_time": exchange_time,
+        "hacpo/time/exchange_transfer": exchange.last_transfer,
+        "hacpo/time/exchange_wait": exchange.last_wait,
+        "hacpo/exchange_bytes": exchange.last_bytes,
+        "hacpo/retokenize_time": retokenize_seconds,
+    }
+
+
+class OptimizerTimer(TrainerCallback):
+    """Times the optimizer step (between `on_pre_optimizer_step` and `on_optimizer_step`)."""
+
+    def __init__(self, trainer):
+        self.trainer, self.start = trainer, 0.0
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer._metrics["train"]["hacpo/time/optimizer"].append(time.perf_counter() - self.start)

@@ -7,11 +7,20 @@ section so a saved agent says what a HACPO agent needs to be understood: its pee
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 from .pretrained import original_model
 
-__all__ = ["CARD_SETTINGS", "hacpo_card_section"]
+__all__ = ["CARD_SETTINGS", "PAPER", "append_card_section", "hacpo_card_section", "hub_base_model"]
+
+PAPER = {  # TRL's card cites it (`GRPOTrainer._paper`)
+    "title": "Heterogeneous Agent Collaborative Reinforcement Learning",
+    "id": "2603.02604",
+    "citation": "@article{zhang2026hacrl, title={Heterogeneous Agent Collaborative Reinforcement Learning}, "
+    "author={Zhang, Zhixia and Huang and others}, journal={arXiv preprint arXiv:2603.02604}, year={2026}}",
+}
 
 CARD_SETTINGS = (
     "alpha", "peer_delta", "peer_delta_step", "capability_window", "capability_baseline", "capability_coefficient",
@@ -50,3 +59,28 @@ def hacpo_card_section(
         lines += [f"| {k} | {v:.4g} |" for k, v in final.items() if isinstance(v, int | float)]
         lines += [f"| global step | {global_step} |", ""]
     return "\n".join(lines) + "\n"
+
+
+@contextmanager
+def hub_base_model(model, base_model: str | None):
+    """While TRL writes the card: the model's ``config._name_or_path`` names the Hub model that a built-in folder
+    ``base_model`` is a copy of (TRL's card takes ``base_model`` from it and omits local folders); restored after."""
+    config = getattr(model, "config", None)
+    original = original_model(base_model)
+    saved = getattr(config, "_name_or_path", None)
+    if original and config is not None:
+        config._name_or_path = original
+    try:
+        yield
+    finally:
+        if original and config is not None:
+            config._name_or_path = saved
+
+
+def append_card_section(output_dir: str, section: str) -> None:
+    """Append ``section`` to the card TRL wrote in ``output_dir`` (nothing when TRL wrote none)."""
+    path = os.path.join(output_dir, "README.md")
+    if not os.path.isfile(path):
+        return
+    with open(path, "a") as f:
+        f.write(section)

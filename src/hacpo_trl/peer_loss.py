@@ -14,9 +14,21 @@ import torch
 
 from .algorithm import HACPOLossConfig, LossOutput, hacpo_loss, peer_objective, sequence_log_ratio, stepwise_lower_bound
 
-__all__ = ["batch_row_flags", "gradient_rows", "rows_loss", "score_peer_rows"]
+__all__ = ["batch_row_flags", "current_update", "gradient_rows", "rows_loss", "score_peer_rows", "self_on_policy"]
 
 Clipped = tuple[torch.Tensor, float, torch.Tensor, float]
+
+
+def current_update(step: int, generate_every: int, gradient_accumulation_steps: int) -> int:
+    """m: the optimizer updates already made on the current generation batch, at micro-step ``step`` (Eq. 14)."""
+    return (step % generate_every) // max(gradient_accumulation_steps, 1)
+
+
+def self_on_policy(gradient_accumulation_steps: int, generate_every: int, vllm_weights: bool) -> bool:
+    """Whether self rows use their current log-prob as the old one. TRL skips old log-probs when a generation batch
+    is used for exactly one update (and no vLLM importance weights): the self ratio is then 1 in value. HACPO keeps
+    that for self rows (so one agent equals TRL's GSPO) and needs old log-probs anyway for the records it shares."""
+    return gradient_accumulation_steps % generate_every == 0 and not vllm_weights
 
 
 @torch.no_grad()
