@@ -8,9 +8,12 @@ Only small CPU data travels: completion texts, rewards and per-sequence numbers.
 from __future__ import annotations
 
 import datetime
+import hashlib
+import json
 import math
 import pickle
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -20,7 +23,18 @@ from torch.distributed.distributed_c10d import AllgatherOptions
 if TYPE_CHECKING:  # only for the annotation: topology imports this module, never the reverse (no import cycle)
     from .topology import AgentTopology
 
-__all__ = ["ExchangeError", "Exchange", "RolloutBatch", "end_startup"]
+__all__ = [
+    "PROMPT_ID_COLUMN",
+    "ExchangeError",
+    "Exchange",
+    "RolloutBatch",
+    "check_same_prompts",
+    "end_startup",
+    "rewards_by_agent",
+    "with_prompt_ids",
+]
+
+PROMPT_ID_COLUMN = "hacpo_prompt_id"
 
 
 class ExchangeError(RuntimeError):
@@ -53,6 +67,46 @@ class RolloutBatch:
     def finite_mask(self) -> list[bool]:
         """Rows whose reward and old log-prob are finite (a NaN must never reach a peer's loss)."""
         return [math.isfinite(r) and math.isfinite(lp) for r, lp in zip(self.rewards, self.old_mean_logps, strict=True)]
+
+
+def _prompt_id(example: dict, index: int) -> dict:
+    digest = hashlib.sha1(json.dumps(example["prompt"], sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return {PROMPT_ID_COLUMN: f"{index}:{digest}"}
+
+
+def with_prompt_ids(dataset):
+    """Add a prompt id (row index + content hash) so agents can prove they train on the same prompts."""
+    if dataset is None or PROMPT_ID_COLUMN in (dataset.column_names or []):
+        return dataset
+    return dataset.map(_prompt_id, with_indices=True)
+
+
+def rewards_by_agent(records: list[RolloutBatch], agent_names: list[str]) -> dict[str, list[float]]:
+    """Each agent's finite rewards of one step, over all its ranks' records ([0.0] for an agent with none)."""
+    return {
+        agent: [x for r in records if r.agent == agent for x in r.rewards if math.isfinite(x)] or [0.0]
+        for agent in agent_names
+    }
+
+
+def check_same_prompts(records: list[RolloutBatch], agent: str, step: int) -> None:
+    """Every agent's records of one step answer the same prompts (by id) as ``agent``'s: agents train in lockstep
+    on the same data, or the joint groups would mix different questions."""
+    steps = {r.step for r in records}
+    if len(steps) > 1:
+        raise ExchangeError(f"agents are at different steps {sorted(steps)}: every agent must train in lockstep")
+    per_agent: dict[str, list[str]] = defaultdict(list)
+    for r in records:
+        per_agent[r.agent].extend(r.prompt_ids)
+    reference = sorted(per_agent[agent])
+    for other, ids in per_agent.items():
+        if sorted(ids) != reference:
+            missing = sorted(set(reference) - set(ids))[:3]
+            extra = sorted(set(ids) - set(reference))[:3]
+            raise ExchangeError(
+                f"step {step}: agent {other!r} received different prompts than agent {agent!r} (missing {missing}, "
+                f"unexpected {extra}). Every agent needs the same dataset, seed and generation batch size."
+            )
 
 
 _SEQUENCE = 0

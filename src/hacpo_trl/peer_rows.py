@@ -21,11 +21,62 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .algorithm import capability_aware_advantages, capability_ratio
+from .algorithm import capability_aware_advantages, capability_ratio, peer_row_order
 from .exchange import RolloutBatch
 from .retokenize import peer_completion_ids
 
-__all__ = ["PeerRows", "append_peer_rows", "build_peer_rows", "self_prompt_tokens"]
+__all__ = [
+    "PeerRows",
+    "add_self_columns",
+    "append_peer_rows",
+    "build_peer_rows",
+    "order_rows",
+    "own_rewards",
+    "self_prompt_tokens",
+]
+
+
+def own_rewards(
+    rewards_per_func: torch.Tensor, weights: torch.Tensor, process_index: int, local_count: int
+) -> torch.Tensor:
+    """This process's rewards out of TRL's gathered ``rewards_per_func``: weighted and summed over reward functions
+    like TRL, NaN where every function is NaN (unscorable), on the CPU."""
+    rewards = (rewards_per_func * weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+    rewards[torch.isnan(rewards_per_func).all(dim=1)] = float("nan")
+    start = process_index * local_count
+    return rewards[start : start + local_count].cpu()
+
+
+def order_rows(batch: dict, n_self: int, steps_per_generation: int, layout: str) -> dict:
+    """``batch`` (``n_self`` self rows, then peer rows) in the order of
+    :func:`~hacpo_trl.algorithm.peer_row_order`: self rows shuffled among themselves and kept first."""
+    order = peer_row_order(n_self, batch["prompt_ids"].shape[0], steps_per_generation, layout)
+    return {k: (v[order] if isinstance(v, torch.Tensor) and v.ndim >= 1 else v) for k, v in batch.items()}
+
+
+def add_self_columns(batch: dict, old_logps: torch.Tensor, rewards: torch.Tensor, eos_token_ids) -> dict:
+    """Add HACPO's columns for TRL's self rows to ``batch`` (in place) and return the columns of this process's
+    :class:`~hacpo_trl.exchange.RolloutBatch`: rewards, each completion's mean old log-prob, token count and whether
+    it ended with EOS. A self row is valid when it is non-empty with a finite reward and old log-prob."""
+    device = batch["completion_ids"].device
+    mask = batch["completion_mask"]
+    lengths = mask.sum(-1)
+    old_mean = ((old_logps * mask).sum(-1) / lengths.clamp(min=1)).float()
+    eos_ids = set(eos_token_ids)
+    last = batch["completion_ids"].gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    terminated = [bool(n > 0 and int(t) in eos_ids) for n, t in zip(lengths.tolist(), last.tolist(), strict=True)]
+    n_self = len(rewards)
+    batch["hacpo_is_peer"] = torch.zeros(n_self, dtype=torch.bool, device=device)
+    batch["hacpo_old_mean_logp"] = old_mean.to(device)
+    batch["hacpo_old_len"] = lengths.to(device)
+    batch["hacpo_omega"] = torch.ones(n_self, device=device)
+    batch["hacpo_valid"] = (lengths > 0) & torch.isfinite(rewards).to(device) & torch.isfinite(old_mean)
+    return {
+        "rewards": rewards.tolist(),
+        "old_mean_logps": old_mean.cpu().tolist(),
+        "num_tokens": lengths.cpu().tolist(),
+        "terminated": terminated,
+    }
 
 
 @dataclass

@@ -9,81 +9,52 @@ Each agent runs this trainer in its own accelerate world (see :mod:`hacpo_trl.to
   peers' completions re-tokenized into this agent's view, TRL's batch layout);
 * ``_prepare_inputs``: shuffle self and peer rows separately and keep self rows first, so that the stepwise peer
   bound sees peer rows in the later updates of a generation batch, as in the paper;
-* ``_compute_loss``: the HACPO loss of :func:`hacpo_trl.algorithm.hacpo_loss`;
+* ``_compute_loss``: the HACPO loss of :func:`hacpo_trl.algorithm.hacpo_loss`; peer rows outside the band skip the
+  backward pass (:mod:`hacpo_trl.peer_loss` picks the rows and builds the loss over them);
 * ``_save_checkpoint`` / ``train``: the capability tracker is saved in every checkpoint and restored on resume;
   resume picks the newest step that every agent saved completely (the rules are in :mod:`hacpo_trl.checkpoints`).
 
 ``_generate``, ``_calculate_rewards`` and ``training_step`` are wrapped only to time them (``hacpo/time/*``); with
 ``share_rollouts=False`` the loss is TRL's own, so the baselines are exactly TRL's GRPO / GSPO.
+
+This module holds the hooks and the glue: every forward pass and every collective over an agent's ranks stays here;
+the logic is plain functions in named modules, tested without a trainer (:mod:`~hacpo_trl.peer_rows`,
+:mod:`~hacpo_trl.peer_loss`, :mod:`~hacpo_trl.metrics`, :mod:`~hacpo_trl.model_card`, :mod:`~hacpo_trl.loading`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
-import math
 import os
 import time
-from collections import defaultdict
 from contextlib import contextmanager
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
-from .algorithm import CapabilityTracker, peer_ratio_stats, peer_row_order
-from .checkpoints import (
-    check_same_start,
-    complete_checkpoints,
-    prune_checkpoints,
-    read_state,
-    resume_checkpoint,
-    write_state,
-)
+from . import checkpoints, metrics
+from .algorithm import CapabilityTracker
 from .config import HACPOConfig
-from .demo import resolve_model
-from .exchange import Exchange, ExchangeError, RolloutBatch, end_startup
-from .peer_rows import append_peer_rows, build_peer_rows, self_prompt_tokens
-from .pretrained import original_model
+from .exchange import (
+    PROMPT_ID_COLUMN,
+    Exchange,
+    RolloutBatch,
+    check_same_prompts,
+    end_startup,
+    rewards_by_agent,
+    with_prompt_ids,
+)
+from .loading import check_batch_supported, check_supported, moe_loss_message, resolve_agent
+from .model_card import PAPER, append_card_section, hacpo_card_section, hub_base_model
+from .peer_loss import batch_row_flags, current_update, gradient_rows, rows_loss, score_peer_rows, self_on_policy
+from .peer_rows import add_self_columns, append_peer_rows, build_peer_rows, order_rows, own_rewards, self_prompt_tokens
 from .retokenize import completion_text
 from .topology import at_exit, current_topology
 from .vllm_seed import use_agent_engine_seeds
 
 __all__ = ["HACPOTrainer", "PROMPT_ID_COLUMN"]
-
-logger = logging.getLogger(__name__)
-
-PROMPT_ID_COLUMN = "hacpo_prompt_id"
-_UNSUPPORTED_KEYS = ("pixel_values", "image_grid_thw", "tool_mask", "num_images")
-
-
-def _prompt_id(example: dict, index: int) -> dict:
-    digest = hashlib.sha1(json.dumps(example["prompt"], sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return {PROMPT_ID_COLUMN: f"{index}:{digest}"}
-
-
-def with_prompt_ids(dataset):
-    """Add a prompt id (row index + content hash) so agents can prove they train on the same prompts."""
-    if dataset is None or PROMPT_ID_COLUMN in (dataset.column_names or []):
-        return dataset
-    return dataset.map(_prompt_id, with_indices=True)
-
-
-class _OptimizerTimer(TrainerCallback):
-    """Times the optimizer step (between `on_pre_optimizer_step` and `on_optimizer_step`)."""
-
-    def __init__(self, trainer):
-        self.trainer, self.start = trainer, 0.0
-
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        self.start = time.perf_counter()
-
-    def on_optimizer_step(self, args, state, control, **kwargs):
-        self.trainer._metrics["train"]["hacpo/time/optimizer"].append(time.perf_counter() - self.start)
 
 
 class HACPOTrainer(GRPOTrainer):
@@ -101,12 +72,7 @@ class HACPOTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "hacpo"]
     _name = "HACPO"
-    _paper = {
-        "title": "Heterogeneous Agent Collaborative Reinforcement Learning",
-        "id": "2603.02604",
-        "citation": "@article{zhang2026hacrl, title={Heterogeneous Agent Collaborative Reinforcement Learning}, "
-        "author={Zhang, Zhixia and Huang and others}, journal={arXiv preprint arXiv:2603.02604}, year={2026}}",
-    }
+    _paper = PAPER
 
     def __init__(
         self,
@@ -119,34 +85,11 @@ class HACPOTrainer(GRPOTrainer):
         peft_config=None,
         **kwargs,
     ):
-        if not isinstance(args, HACPOConfig):
-            raise TypeError("HACPOTrainer needs `args=HACPOConfig(...)` (created before anything touches accelerate)")
+        check_supported(args, kwargs)
         spec = args.agent_spec
-        for name in ("tools", "environment_factory", "rollout_func"):
-            if kwargs.get(name) is not None:
-                raise ValueError(f"HACPOTrainer does not support `{name}` yet")
-        if model is None:
-            if not spec.model_name_or_path:
-                raise ValueError(f"agent {spec.name!r} has no `model_name_or_path` and no model was passed")
-            model = spec.model_name_or_path
-        if isinstance(model, str):
-            model = resolve_model(model)  # `builtin:<name>`, as in recipes: the cached folder
-        self._base_model = (
-            model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
+        model, self._base_model, processing_class, peft_config = resolve_agent(
+            spec, model, processing_class, peft_config
         )
-        if processing_class is None:
-            source = spec.tokenizer_name_or_path or (model if isinstance(model, str) else None)
-            if source is None:
-                source = getattr(getattr(model, "config", None), "_name_or_path", None)
-            if not source:
-                raise ValueError(f"agent {spec.name!r}: pass `processing_class` or set `tokenizer_name_or_path`")
-            processing_class = AutoTokenizer.from_pretrained(source, padding_side="left")
-        if peft_config is None and spec.lora is not None:
-            from peft import LoraConfig
-
-            peft_config = LoraConfig(**{"task_type": "CAUSAL_LM", **spec.lora})
-        if args.top_entropy_quantile < 1.0 or args.off_policy_mask_threshold is not None:
-            raise ValueError("HACPO's loss does not support `top_entropy_quantile` < 1 or `off_policy_mask_threshold`")
 
         use_agent_engine_seeds()  # each agent's vLLM engines sample with their own seeds
         super().__init__(
@@ -160,11 +103,7 @@ class HACPOTrainer(GRPOTrainer):
             **kwargs,
         )
         if args.share_rollouts and self.aux_loss_enabled:
-            raise ValueError(
-                f"agent {spec.name!r}: {type(self.model).__name__} is a Mixture-of-Experts model, so TRL would add its "
-                f"router load-balancing loss (router_aux_loss_coef={self.router_aux_loss_coef}), but HACPO's loss "
-                "does not add it. Set `router_aux_loss_coef: 0.0`, or `share_rollouts: false` for TRL's own loss."
-            )
+            raise ValueError(moe_loss_message(spec.name, type(self.model).__name__, self.router_aux_loss_coef))
         self.topology = current_topology()
         self.exchange = Exchange(self.topology)
         client = getattr(getattr(self, "vllm_generation", None), "vllm_client", None)
@@ -178,15 +117,14 @@ class HACPOTrainer(GRPOTrainer):
         self.hacpo_loss_config = args.loss_config()
         self._captured: dict[str, Any] = {}
         self._prepare_seconds = 0.0
-        self.add_callback(_OptimizerTimer(self))
-        # TRL skips old log-probs when a generation batch is used for exactly one update: the self ratio is then 1
-        # in value. HACPO keeps that for self rows (so one agent equals TRL's GSPO) and needs old log-probs anyway
-        # for the records it shares.
-        self._self_on_policy = args.gradient_accumulation_steps % (
-            args.steps_per_generation * self.num_iterations
-        ) == 0 and not (self.use_vllm and self.vllm_importance_sampling_correction)
+        self.add_callback(metrics.OptimizerTimer(self))
+        vllm_weights = self.use_vllm and self.vllm_importance_sampling_correction
+        self._self_on_policy = self_on_policy(args.gradient_accumulation_steps, self._generate_every, vllm_weights)
 
-    # ---------------------------------------------------------------------------------------- capture from TRL
+    @property
+    def _generate_every(self) -> int:
+        """Optimizer updates per generation batch."""
+        return self.args.steps_per_generation * self.num_iterations
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         with self._timed("score"):
@@ -221,60 +159,33 @@ class HACPOTrainer(GRPOTrainer):
         )
         return loss
 
-    def _own_rewards(self, local_count: int) -> torch.Tensor:
-        """This process's rewards, weighted and summed over reward functions like TRL (NaN = unscorable)."""
-        per_func = self._captured["rewards_per_func"]
-        weights = self.reward_weights.to(per_func.device).unsqueeze(0)
-        rewards = (per_func * weights).nansum(dim=1)
-        rewards[torch.isnan(per_func).all(dim=1)] = float("nan")
-        start = self.accelerator.process_index * local_count
-        return rewards[start : start + local_count].cpu()
-
     @torch.no_grad()
     def _own_old_logps(self, batch: dict) -> torch.Tensor:
+        """The old per-token log-probs of this process's completions: TRL's when it computed them, else ours."""
         if "old_per_token_logps" in batch:
             return batch["old_per_token_logps"]
         with self._timed("old_logps"):
-            return self._compute_own_old_logps(batch)
-
-    def _compute_own_old_logps(self, batch: dict) -> torch.Tensor:
-        prompt_completion = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-        attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        logps, _, _ = self._get_per_token_logps_and_entropies(
-            self.model,
-            prompt_completion,
-            attention,
-            batch["completion_ids"].size(1),
-            batch_size=self.args.per_device_train_batch_size,
-        )
-        return logps
+            prompt_completion = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+            attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model,
+                prompt_completion,
+                attention,
+                batch["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size,
+            )
+            return logps
 
     # ---------------------------------------------------------------------------------------------- the step
 
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)
-        for key in _UNSUPPORTED_KEYS:
-            if key in batch:
-                raise ValueError(f"HACPOTrainer does not support `{key}` (multimodal or tool-calling) inputs yet")
+        check_batch_supported(batch)
         batch.pop("sampling_per_token_logps", None)
         mode = "train" if self.model.training else "eval"
-        n_self = len(inputs)
-        device = batch["completion_ids"].device
-        mask = batch["completion_mask"]
-        lengths = mask.sum(-1)
-        old_logps = self._own_old_logps(batch)
-        old_mean = ((old_logps * mask).sum(-1) / lengths.clamp(min=1)).float()
-        rewards = self._own_rewards(n_self)
-        eos_ids = set(self.eos_token_ids)
-        last = batch["completion_ids"].gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-        terminated = [bool(n > 0 and int(t) in eos_ids) for n, t in zip(lengths.tolist(), last.tolist(), strict=True)]
-        own_valid = (lengths > 0) & torch.isfinite(rewards).to(device) & torch.isfinite(old_mean)
-
-        batch["hacpo_is_peer"] = torch.zeros(n_self, dtype=torch.bool, device=device)
-        batch["hacpo_old_mean_logp"] = old_mean.to(device)
-        batch["hacpo_old_len"] = lengths.to(device)
-        batch["hacpo_omega"] = torch.ones(n_self, device=device)
-        batch["hacpo_valid"] = own_valid
+        per_func, process = self._captured["rewards_per_func"], self.accelerator.process_index
+        rewards = own_rewards(per_func, self.reward_weights, process, len(inputs))  # NaN = unscorable
+        columns = add_self_columns(batch, self._own_old_logps(batch), rewards, self.eos_token_ids)
         if mode == "eval" or len(self.agent_names) == 1 or not self.args.share_rollouts:
             batch["advantages"] = torch.nan_to_num(batch["advantages"], nan=0.0)
             if len(self.agent_names) > 1 and mode == "train":
@@ -283,126 +194,68 @@ class HACPOTrainer(GRPOTrainer):
 
         texts = [completion_text(c) for c in self._captured["completions"]]
         prompt_ids = [x[PROMPT_ID_COLUMN] for x in inputs]
-        record = RolloutBatch(
-            agent=self.agent,
-            global_rank=self.topology.global_rank,
-            step=self.state.global_step,
-            prompt_ids=prompt_ids,
-            texts=texts,
-            rewards=rewards.tolist(),
-            old_mean_logps=old_mean.cpu().tolist(),
-            num_tokens=lengths.cpu().tolist(),
-            terminated=terminated,
-        )
+        step, rank = self.state.global_step, self.topology.global_rank
+        record = RolloutBatch(self.agent, rank, step, prompt_ids, texts, **columns)
         start = time.perf_counter()
         records = self.exchange.all_gather(record, what=f"rollouts of step {self.state.global_step}")
         exchange_time = time.perf_counter() - start
-        self._check_same_prompts(records)
+        check_same_prompts(records, self.agent, self.state.global_step)
         by_agent = self._update_capability(records, mode)
 
         return self._add_peer_rows(batch, records, prompt_ids, rewards, by_agent, exchange_time, mode)
 
     def _exchange_capabilities(self, rewards: torch.Tensor) -> None:
         """Without sharing, agents still exchange rewards so every log shows every agent's capability."""
-        record = RolloutBatch(self.agent, self.topology.global_rank, self.state.global_step)
-        record.rewards = rewards.tolist()
-        record.prompt_ids = [""] * len(record.rewards)
+        rank, step = self.topology.global_rank, self.state.global_step
+        record = RolloutBatch(self.agent, rank, step, [""] * len(rewards), rewards=rewards.tolist())
         records = self.exchange.all_gather(record, what=f"rewards of step {self.state.global_step}")
         self._update_capability(records, "train")
 
-    def _check_same_prompts(self, records: list[RolloutBatch]) -> None:
-        per_agent: dict[str, list[str]] = defaultdict(list)
-        steps = {r.step for r in records}
-        if len(steps) > 1:
-            raise ExchangeError(f"agents are at different steps {sorted(steps)}: every agent must train in lockstep")
-        for r in records:
-            per_agent[r.agent].extend(r.prompt_ids)
-        reference = sorted(per_agent[self.agent])
-        for agent, ids in per_agent.items():
-            if sorted(ids) != reference:
-                missing = sorted(set(reference) - set(ids))[:3]
-                extra = sorted(set(ids) - set(reference))[:3]
-                raise ExchangeError(
-                    f"step {self.state.global_step}: agent {agent!r} received different prompts than agent "
-                    f"{self.agent!r} (missing {missing}, unexpected {extra}). Every agent needs the same dataset, "
-                    "seed and generation batch size."
-                )
-
     def _update_capability(self, records: list[RolloutBatch], mode: str) -> dict[str, list[RolloutBatch]]:
-        by_agent: dict[str, list[RolloutBatch]] = defaultdict(list)
-        for r in records:
-            by_agent[r.agent].append(r)
-        step_rewards = {}
-        for agent in self.agent_names:
-            values = [x for r in by_agent[agent] for x in r.rewards if math.isfinite(x)]
-            step_rewards[agent] = values or [0.0]
+        step_rewards = rewards_by_agent(records, self.agent_names)
         self.capability.update(step_rewards)
         caps = self.capability.capabilities()
-        for agent in self.agent_names:
-            self._metrics[mode][f"hacpo/capability/{agent}"].append(caps[agent])
-            self._metrics[mode][f"hacpo/reward/{agent}"].append(sum(step_rewards[agent]) / len(step_rewards[agent]))
-            if agent != self.agent:
-                self._metrics[mode][f"hacpo/omega/{agent}"].append(self._omega(agent, self.agent))
-        return by_agent
+        low, high = self.args.capability_ratio_min, self.args.capability_ratio_max
+        omegas = {a: self.capability.omega(a, self.agent, low, high) for a in self.agent_names if a != self.agent}
+        self._log(mode, metrics.capability_metrics(caps, step_rewards, omegas))
+        return {agent: [r for r in records if r.agent == agent] for agent in dict.fromkeys(r.agent for r in records)}
 
-    def _omega(self, numerator: str, denominator: str) -> float:
-        return self.capability.omega(
-            numerator, denominator, self.args.capability_ratio_min, self.args.capability_ratio_max
-        )
+    def _log(self, mode: str, values: dict[str, float]) -> None:
+        for key, value in values.items():
+            self._metrics[mode][key].append(value)
 
     def _add_peer_rows(self, batch, records, prompt_ids, rewards, by_agent, exchange_time, mode):
         """Append the peer rows of :func:`~hacpo_trl.peer_rows.build_peer_rows` to TRL's batch; log their counts."""
         batch.pop("old_per_token_logps", None)  # HACPO's loss uses per-sequence old log-probs (hacpo_old_mean_logp)
-        rows = build_peer_rows(
-            prompt_ids,
-            rewards,
-            [r for agent_records in by_agent.values() for r in agent_records],
-            self.agent,
-            self.agent_names,
-            self.capability.capabilities(),
-            self.args,
-            self._tokenizer,
-        )
+        records = [r for agent_records in by_agent.values() for r in agent_records]
+        caps, tokenizer = self.capability.capabilities(), self._tokenizer
+        rows = build_peer_rows(prompt_ids, rewards, records, self.agent, self.agent_names, caps, self.args, tokenizer)
         prompt_tokens = self_prompt_tokens(prompt_ids, batch["prompt_ids"], batch["prompt_mask"])
         pad_id = self._tokenizer.pad_token_id
         batch = append_peer_rows(batch, rows, prompt_tokens, prompt_ids, self.args.steps_per_generation, pad_id)
         batch["hacpo_num_self"] = len(prompt_ids)  # read by _prepare_inputs, then dropped
         counts = [len(rows), rows.rejected, rows.truncated, rows.filtered]
         stats = torch.tensor(counts, dtype=torch.float32, device=batch["completion_ids"].device)
-        n_peer, rejected, truncated, filtered = self.accelerator.gather(stats).view(-1, 4).sum(0).tolist()
-        self._metrics[mode]["hacpo/peer_rows"].append(n_peer)
-        self._metrics[mode]["hacpo/peer_rows_rejected"].append(rejected)
-        self._metrics[mode]["hacpo/peer_rows_truncated"].append(truncated)
-        self._metrics[mode]["hacpo/peer_rows_filtered"].append(filtered)
-        self._metrics[mode]["hacpo/exchange_time"].append(exchange_time)
-        self._metrics[mode]["hacpo/time/exchange_transfer"].append(self.exchange.last_transfer)
-        self._metrics[mode]["hacpo/time/exchange_wait"].append(self.exchange.last_wait)
-        self._metrics[mode]["hacpo/exchange_bytes"].append(self.exchange.last_bytes)
-        self._metrics[mode]["hacpo/retokenize_time"].append(rows.retokenize_seconds)
+        self._log(mode, metrics.peer_row_metrics(self.accelerator.gather(stats).view(-1, 4).sum(0).tolist()))
+        self._log(mode, metrics.exchange_metrics(self.exchange, exchange_time, rows.retokenize_seconds))
         return batch
 
     def _prepare_inputs(self, generation_batch):
         """TRL's buffering, but self rows shuffled among themselves and kept before the shuffled peer rows."""
         with self._timed("prepare_inputs"):
-            return self._prepare_inputs_untimed(generation_batch)
-
-    def _prepare_inputs_untimed(self, generation_batch):
-        if not self.model.training:
-            batch = self._generate_and_score_completions(generation_batch)
-            batch.pop("hacpo_num_self", None)
-            return batch
-        generate_every = self.args.steps_per_generation * self.num_iterations
-        if self._step % generate_every == 0 or self._buffered_inputs is None:
-            batch = self._generate_and_score_completions(generation_batch)
-            n_self = batch.pop("hacpo_num_self", None)
-            if n_self is None:
-                batch = shuffle_sequence_dict(batch)  # exactly TRL's order when there are no peer rows
-            else:
-                size = batch["prompt_ids"].shape[0]
-                order = peer_row_order(n_self, size, self.args.steps_per_generation, self.args.peer_layout)
-                batch = {k: (v[order] if isinstance(v, torch.Tensor) and v.ndim >= 1 else v) for k, v in batch.items()}
-            self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
-        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+            if not self.model.training:
+                batch = self._generate_and_score_completions(generation_batch)
+                batch.pop("hacpo_num_self", None)
+                return batch
+            if self._step % self._generate_every == 0 or self._buffered_inputs is None:
+                batch = self._generate_and_score_completions(generation_batch)
+                n_self = batch.pop("hacpo_num_self", None)
+                if n_self is None:
+                    batch = shuffle_sequence_dict(batch)  # exactly TRL's order when there are no peer rows
+                else:
+                    batch = order_rows(batch, n_self, self.args.steps_per_generation, self.args.peer_layout)
+                self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
+            return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
     # ------------------------------------------------------------------------------------------------- loss
 
@@ -437,8 +290,6 @@ class HACPOTrainer(GRPOTrainer):
         forward runs is decided by all of them together: if any rank has a peer row to score, every rank runs it (a
         rank with none scores one row and discards it). A per-rank decision deadlocks or crashes the agent's world.
         """
-        from .algorithm import peer_objective, sequence_log_ratio, stepwise_lower_bound
-
         cfg = self.hacpo_loss_config
         candidates = inputs["hacpo_is_peer"] & inputs["hacpo_valid"]
         if cfg.naive or not cfg.peer_clipping or not self.args.skip_clipped_peer_backward:
@@ -451,104 +302,31 @@ class HACPOTrainer(GRPOTrainer):
             return None
         with torch.no_grad():
             logps = self._row_logps(model, inputs, candidates)
-            log_s = sequence_log_ratio(
-                logps,
-                inputs["completion_mask"][candidates],
-                inputs["hacpo_old_mean_logp"][candidates].to(logps.dtype),
-                inputs["hacpo_old_len"][candidates],
-                mode=cfg.ratio_mode,
-                max_abs_log_ratio=cfg.max_abs_log_ratio,
-            )
-            ratio = log_s.exp()
-            bound = stepwise_lower_bound(update_index, cfg.delta, cfg.delta_step)
-            outside = (ratio < bound) | (ratio > 1.0)
-            if not outside.any():
-                return None
-            omega = inputs["hacpo_omega"][candidates].to(ratio.dtype)
-            coefficient = omega if cfg.capability_coefficient else torch.ones_like(omega)
-            objective = peer_objective(
-                ratio, inputs["advantages"][candidates].to(ratio.dtype), coefficient, bound, cfg.alpha
-            )
-        rows = torch.nonzero(candidates).flatten()[outside]
-        dropped = torch.zeros_like(candidates)
-        dropped[rows] = True
-        full_ratio = torch.zeros(candidates.shape[0], dtype=ratio.dtype, device=ratio.device)
-        full_ratio[rows] = ratio[outside]
-        return dropped, float(objective[outside].sum()), full_ratio, bound
+        return score_peer_rows(logps, inputs, candidates, update_index, cfg)
 
     def _compute_loss(self, model, inputs):
-        from .algorithm import hacpo_loss
-
         if not self.args.share_rollouts:  # an independent baseline: TRL's own objective, untouched
             return super()._compute_loss(model, inputs)
         mode = "train" if self.model.training else "eval"
-        if mode == "train":
-            update_index = (self._step % (self.args.steps_per_generation * self.num_iterations)) // max(
-                self.current_gradient_accumulation_steps, 1
-            )
-        else:
-            update_index = 0
+        ga_steps = self.current_gradient_accumulation_steps
+        update_index = current_update(self._step, self._generate_every, ga_steps) if mode == "train" else 0
         is_peer, valid = inputs["hacpo_is_peer"], inputs["hacpo_valid"]
         clipped = self._clipped_peer_rows(model, inputs, update_index) if mode == "train" else None
-        keep = torch.ones_like(is_peer) if clipped is None else ~clipped[0]
-        if not keep.any():  # every row is a clipped peer row: a zero-gradient pass keeps DDP's ranks in step
-            keep = torch.zeros_like(is_peer)
-            keep[0] = True
+        keep = gradient_rows(is_peer, clipped)
         rows = keep.nonzero().flatten()
         logps = self._row_logps(model, inputs, keep)
-        mask = inputs["completion_mask"][rows]
-        sub_peer = is_peer[rows]
-        sub_valid = valid[rows] & (clipped is None or ~clipped[0][rows])
-        old_mean = inputs["hacpo_old_mean_logp"][rows].to(logps.dtype)
-        if self._self_on_policy or mode == "eval":
-            with torch.no_grad():
-                current = (logps * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-            old_mean = torch.where(sub_peer, old_mean, current.detach())
-        weights = None
-        if "importance_sampling_ratio" in inputs:
-            ratio = inputs["importance_sampling_ratio"][rows]
-            if ratio.dim() == 2 and ratio.shape[1] > 1:
-                ratio = (ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-            weights = torch.where(sub_peer, torch.ones_like(ratio.reshape(-1)), ratio.reshape(-1))
-        ref = inputs.get("ref_per_token_logps")
-        out = hacpo_loss(
-            logps,
-            mask,
-            old_mean,
-            inputs["advantages"][rows],
-            sub_peer,
-            update_index=update_index,
-            omega=inputs["hacpo_omega"][rows],
-            old_lengths=inputs["hacpo_old_len"][rows],
-            ref_logps=None if ref is None else ref[rows],
-            valid=sub_valid,
-            weights=weights,
-            outside_rows=0 if clipped is None else int(clipped[0].sum()),
-            outside_objective=0.0 if clipped is None else clipped[1],
-            config=self.hacpo_loss_config,
-        )
+        on_policy = self._self_on_policy or mode == "eval"
+        out = rows_loss(logps, inputs, rows, update_index, clipped, self.hacpo_loss_config, self_on_policy=on_policy)
         # metrics over the whole mini-batch, the rows left out of the gradient pass included
-        ratio = torch.zeros(is_peer.shape[0], dtype=out.ratio.dtype, device=out.ratio.device)
-        ratio[rows] = out.ratio
-        low = torch.zeros_like(is_peer)
-        high = torch.zeros_like(is_peer)
-        self_clipped = torch.zeros_like(is_peer)
-        low[rows], high[rows], self_clipped[rows] = out.peer_clipped_low, out.peer_clipped_high, out.self_clipped
-        if clipped is not None:
-            dropped, _, dropped_ratio, bound = clipped
-            # a dropped row's flags come from its ratio alone (the one kept for a zero-gradient pass is also in `out`)
-            ratio = torch.where(dropped, dropped_ratio.to(ratio.dtype), ratio)
-            low = torch.where(dropped, dropped_ratio < bound, low)
-            high = torch.where(dropped, dropped_ratio > 1.0, high)
-        self._log_loss_metrics(
-            ratio, low, high, self_clipped, out, is_peer & valid, ~is_peer & valid, mode, int(keep.sum())
-        )
-        if mode == "train":
-            self._collect_peer_ratios(ratio[is_peer & valid], out.lower_bound)
-        loss = out.loss
-        if mode == "train":
-            loss = loss / self.current_gradient_accumulation_steps
-        return loss
+        ratio, low, high, self_clipped = batch_row_flags(out, rows, is_peer, clipped)
+        peer, own = is_peer & valid, ~is_peer & valid
+        stats = metrics.loss_metric_sums(ratio, low, high, self_clipped, peer, own, int(keep.sum()))
+        sums = self.accelerator.gather(stats).view(-1, metrics.LOSS_SUMS).sum(0).tolist()
+        self._log(mode, metrics.loss_metrics(sums, out.lower_bound, out.kl))
+        if mode != "train":
+            return out.loss
+        self._collect_peer_ratios(ratio[peer], out.lower_bound)
+        return out.loss / self.current_gradient_accumulation_steps
 
     def _collect_peer_ratios(self, ratios: torch.Tensor, lower_bound: float) -> None:
         """Keep every peer row's ratio and bound over a generation batch; after its last update, log the median,
@@ -557,46 +335,11 @@ class HACPOTrainer(GRPOTrainer):
 
         buffer = self.__dict__.setdefault("_peer_ratio_buffer", [])
         buffer += [(float(r), lower_bound) for r in ratios.tolist()]
-        if (self._step + 1) % (self.args.steps_per_generation * self.num_iterations):
+        if (self._step + 1) % self._generate_every:
             return
         rows = gather_object(buffer) if self.accelerator.num_processes > 1 else buffer
         self._peer_ratio_buffer = []
-        if not rows:
-            return
-        stats = peer_ratio_stats(torch.tensor([r for r, _ in rows]), torch.tensor([b for _, b in rows]))
-        for key in ("median", "geomean", "in_band", "lower_bound"):
-            self._metrics["train"][f"hacpo/peer_ratio_{key}"].append(stats[key])
-
-    def _log_loss_metrics(self, r, low_mask, high_mask, self_clip_mask, out, peer, own, mode, grad_rows) -> None:
-        stats = torch.stack(
-            [
-                (r * own).sum(),
-                own.sum(),
-                (r * peer).sum(),
-                peer.sum(),
-                (low_mask & peer).sum(),
-                (high_mask & peer).sum(),
-                (self_clip_mask & own).sum(),
-                torch.tensor(float(grad_rows), device=r.device),
-                torch.tensor(float(r.shape[0]), device=r.device),
-            ]
-        ).float()
-        s_own, n_own, s_peer, n_peer, low, high, self_clip, grad_rows, rows = (
-            self.accelerator.gather(stats).view(-1, 9).sum(0).tolist()
-        )
-        metrics = self._metrics[mode]
-        metrics["hacpo/lower_bound"].append(out.lower_bound)
-        metrics["hacpo/backward_rows_fraction"].append(grad_rows / max(rows, 1))
-        if n_own:
-            metrics["hacpo/self_ratio_mean"].append(s_own / n_own)
-            metrics["clip_ratio/region_mean"].append(self_clip / n_own)
-        if n_peer:
-            metrics["hacpo/peer_ratio_mean"].append(s_peer / n_peer)
-            metrics["hacpo/peer_clipped_low"].append(low / n_peer)
-            metrics["hacpo/peer_clipped_high"].append(high / n_peer)
-            metrics["hacpo/peer_kept"].append(1 - (low + high) / n_peer)
-        if out.kl is not None:
-            metrics["kl"].append(float(out.kl.mean()))
+        self._log("train", metrics.peer_ratio_metrics(rows))
 
     # -------------------------------------------------------------------------------------- saving and resume
 
@@ -604,62 +347,19 @@ class HACPOTrainer(GRPOTrainer):
         """As `Trainer.save_model`; the agent's final folder also gets the HACPO model card (TRL writes it only
         into checkpoints and on push, so a saved agent would otherwise carry no card, or PEFT's blank one)."""
         super().save_model(output_dir, _internal_call)
-        if not _internal_call and os.path.abspath(output_dir or self.args.output_dir) == os.path.abspath(
-            self.args.output_dir
-        ):
+        final = os.path.abspath(output_dir or self.args.output_dir) == os.path.abspath(self.args.output_dir)
+        if final and not _internal_call:
             self.create_model_card()
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, **kwargs):
         """TRL's card, plus what a HACPO agent needs to be understood: its peers, the recipe and final metrics."""
-        config = getattr(self.model, "config", None)
-        original = original_model(self._base_model)  # a built-in copy of a Hub model: the card names the Hub model
-        saved = getattr(config, "_name_or_path", None)
-        if original and config is not None:
-            config._name_or_path = original  # TRL's card takes `base_model` from it (and omits local folders)
-        try:
+        with hub_base_model(self.model, self._base_model):  # a built-in copy of a Hub model: named as such
             super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
-        finally:
-            if original and config is not None:
-                config._name_or_path = saved
-        if not self.is_world_process_zero():
-            return
-        path = os.path.join(self.args.output_dir, "README.md")
-        if not os.path.isfile(path):
-            return
-        with open(path, "a") as f:
-            f.write(self._hacpo_card_section())
-
-    def _hacpo_card_section(self) -> str:
-        args = self.args
-        lines = ["", "", "## HACPO", ""]
-        lines.append(f"This model is agent `{self.agent}` of a HACPO run (arXiv 2603.02604), trained with `hacpo-trl`.")
-        lines.append(f"Base model: `{self._base_model or 'in-memory model'}`.")
-        if original_model(self._base_model):
-            lines.append(f"It is an offline copy of `{original_model(self._base_model)}` (see its README.md).")
-        lines.append("")
-        peers = [s for s in args.specs if s.name != self.agent]
-        if peers and args.share_rollouts:
-            lines.append("It learned from its own completions and from those of its peers:")
-            lines += [f"- `{p.name}`: `{p.model_name_or_path or 'in-memory model'}`" for p in peers]
-        else:
-            lines.append("It was trained on its own completions only (no rollout sharing).")
-        settings = {
-            k: getattr(args, k)
-            for k in ("alpha", "peer_delta", "peer_delta_step", "capability_window", "capability_baseline",
-                      "capability_coefficient", "peer_clipping", "naive", "peer_filter", "epsilon", "epsilon_high",
-                      "num_generations", "learning_rate", "temperature", "max_completion_length", "beta")
-        }  # fmt: skip
-        lines += ["", "Recipe (HACPO settings):", "", "```json", json.dumps(settings, indent=2, default=str), "```", ""]
-        final: dict[str, float] = {}
-        for entry in self.state.log_history:
-            for key, value in entry.items():
-                if key == "reward" or key.startswith("hacpo/capability/") or key == "train_loss":
-                    final[key] = value
-        if final:
-            lines += ["Final training metrics:", "", "| metric | value |", "|---|---|"]
-            lines += [f"| {k} | {v:.4g} |" for k, v in final.items() if isinstance(v, int | float)]
-            lines += [f"| global step | {self.state.global_step} |", ""]
-        return "\n".join(lines) + "\n"
+        if self.is_world_process_zero():
+            section = hacpo_card_section(
+                self.args, self.agent, self._base_model, self.state.log_history, self.state.global_step
+            )
+            append_card_section(self.args.output_dir, section)
 
     def _save_checkpoint(self, model, trial):
         """TRL's checkpoint, then the capability tracker written last and atomically: a checkpoint folder without
@@ -676,26 +376,26 @@ class HACPOTrainer(GRPOTrainer):
         if self.args.should_save:
             folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             step, capability = self.state.global_step, self.capability.state_dict()
-            write_state(folder, {"agent": self.agent, "global_step": step, "capability": capability})
+            checkpoints.write_state(folder, {"agent": self.agent, "global_step": step, "capability": capability})
         self.exchange.all_gather((self.agent, self.state.global_step), what="checkpoint saved by every agent")
         if limit and self.args.should_save:
-            prune_checkpoints(run_dir, limit, keep=self.state.best_model_checkpoint)
+            checkpoints.prune_checkpoints(run_dir, limit, keep=self.state.best_model_checkpoint)
 
     def train(self, resume_from_checkpoint=None, **kwargs):
         """As `Trainer.train`; ``resume_from_checkpoint=True`` resumes every agent from the newest step that all
         agents saved completely (a checkpoint interrupted while saving is skipped, never loaded)."""
-        complete = complete_checkpoints(self.args.output_dir)
+        complete = checkpoints.complete_checkpoints(self.args.output_dir)
         is_main = self.accelerator.process_index == 0
         everyone = self.exchange.all_gather(
             (self.agent, is_main, sorted(complete), resume_from_checkpoint), what="checkpoints to resume from"
         )
         checkpoint = resume_from_checkpoint
         if checkpoint is True or checkpoint == "last":
-            checkpoint = resume_checkpoint(self.agent, complete, everyone, self.topology.describe_rank)
+            checkpoint = checkpoints.resume_checkpoint(self.agent, complete, everyone, self.topology.describe_rank)
         step = 0
         if checkpoint:
-            state = read_state(checkpoint, self.agent)
+            state = checkpoints.read_state(checkpoint, self.agent)
             self.capability.load_state_dict(state["capability"])
             step = state["global_step"]
-        check_same_start(self.exchange.all_gather((self.agent, step), what="resume steps"))
+        checkpoints.check_same_start(self.exchange.all_gather((self.agent, step), what="resume steps"))
         return super().train(resume_from_checkpoint=checkpoint or None, **kwargs)

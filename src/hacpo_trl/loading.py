@@ -1,0 +1,68 @@
+"""What one agent trains, resolved from its :class:`~hacpo_trl.config.AgentSpec` and the trainer's arguments:
+the model (path or instance), the base model a card names, the tokenizer and the LoRA config."""
+
+from __future__ import annotations
+
+from .demo import resolve_model
+
+__all__ = ["check_batch_supported", "check_supported", "moe_loss_message", "resolve_agent"]
+
+_UNSUPPORTED_KEYS = ("pixel_values", "image_grid_thw", "tool_mask", "num_images")
+
+
+def check_supported(args, kwargs: dict) -> None:
+    """Reject, before anything is loaded, what HACPOTrainer cannot train: no `HACPOConfig`, tools, environments,
+    custom rollouts, or loss settings HACPO's loss does not implement."""
+    from .config import HACPOConfig
+
+    if not isinstance(args, HACPOConfig):
+        raise TypeError("HACPOTrainer needs `args=HACPOConfig(...)` (created before anything touches accelerate)")
+    for name in ("tools", "environment_factory", "rollout_func"):
+        if kwargs.get(name) is not None:
+            raise ValueError(f"HACPOTrainer does not support `{name}` yet")
+    if args.top_entropy_quantile < 1.0 or args.off_policy_mask_threshold is not None:
+        raise ValueError("HACPO's loss does not support `top_entropy_quantile` < 1 or `off_policy_mask_threshold`")
+
+
+def check_batch_supported(batch: dict) -> None:
+    """Reject a TRL generation batch with multimodal or tool-calling columns (peers could not share them)."""
+    for key in _UNSUPPORTED_KEYS:
+        if key in batch:
+            raise ValueError(f"HACPOTrainer does not support `{key}` (multimodal or tool-calling) inputs yet")
+
+
+def moe_loss_message(agent: str, model_class: str, router_aux_loss_coef: float) -> str:
+    """Why a Mixture-of-Experts agent with a router loss cannot share rollouts, and what to set instead."""
+    return (
+        f"agent {agent!r}: {model_class} is a Mixture-of-Experts model, so TRL would add its "
+        f"router load-balancing loss (router_aux_loss_coef={router_aux_loss_coef}), but HACPO's loss "
+        "does not add it. Set `router_aux_loss_coef: 0.0`, or `share_rollouts: false` for TRL's own loss."
+    )
+
+
+def resolve_agent(spec, model=None, processing_class=None, peft_config=None):
+    """``(model, base_model, processing_class, peft_config)``: each argument left None is taken from ``spec``
+    (``model_name_or_path``, ``tokenizer_name_or_path`` or the model's path, ``lora``); a ``builtin:<name>`` model
+    becomes its cached folder. ``base_model`` is the model's path, or the ``_name_or_path`` of an instance."""
+    if model is None:
+        if not spec.model_name_or_path:
+            raise ValueError(f"agent {spec.name!r} has no `model_name_or_path` and no model was passed")
+        model = spec.model_name_or_path
+    if isinstance(model, str):
+        model = resolve_model(model)  # `builtin:<name>`, as in recipes: the cached folder
+    name_or_path = getattr(getattr(model, "config", None), "_name_or_path", None)
+    base_model = model if isinstance(model, str) else name_or_path
+    if processing_class is None:
+        source = spec.tokenizer_name_or_path or (model if isinstance(model, str) else None)
+        if source is None:
+            source = name_or_path
+        if not source:
+            raise ValueError(f"agent {spec.name!r}: pass `processing_class` or set `tokenizer_name_or_path`")
+        from transformers import AutoTokenizer
+
+        processing_class = AutoTokenizer.from_pretrained(source, padding_side="left")
+    if peft_config is None and spec.lora is not None:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(**{"task_type": "CAUSAL_LM", **spec.lora})
+    return model, base_model, processing_class, peft_config

@@ -1,0 +1,117 @@
+"""What the trainer logs about a step, as pure functions from per-row tensors and counts to metric dicts.
+
+The trainer sums the per-rank vectors over its agent's ranks (one gather: the glue) and appends the dicts to TRL's
+metrics, so every value is over the agent's whole mini-batch, not one rank's share.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import TrainerCallback
+
+from .algorithm import peer_ratio_stats
+
+__all__ = [
+    "LOSS_SUMS",
+    "OptimizerTimer",
+    "capability_metrics",
+    "exchange_metrics",
+    "loss_metric_sums",
+    "loss_metrics",
+    "peer_ratio_metrics",
+    "peer_row_metrics",
+]
+
+LOSS_SUMS = 9  # the length of :func:`loss_metric_sums`'s vector
+
+
+def loss_metric_sums(ratio, low, high, self_clipped, peer, own, grad_rows: int) -> torch.Tensor:
+    """This rank's sums behind :func:`loss_metrics` (summed over ranks before use): self and peer ratio sums and
+    counts, peer rows clipped below / above, self rows clipped, rows with a backward pass, rows."""
+    return torch.stack(
+        [
+            (ratio * own).sum(),
+            own.sum(),
+            (ratio * peer).sum(),
+            peer.sum(),
+            (low & peer).sum(),
+            (high & peer).sum(),
+            (self_clipped & own).sum(),
+            torch.tensor(float(grad_rows), device=ratio.device),
+            torch.tensor(float(ratio.shape[0]), device=ratio.device),
+        ]
+    ).float()
+
+
+def loss_metrics(sums: list[float], lower_bound: float, kl: torch.Tensor | None) -> dict[str, float]:
+    """The loss metrics of a mini-batch from the summed :func:`loss_metric_sums` (means over the rows they are
+    about; a side with no rows logs nothing)."""
+    s_own, n_own, s_peer, n_peer, low, high, self_clip, grad_rows, rows = sums
+    metrics = {"hacpo/lower_bound": lower_bound, "hacpo/backward_rows_fraction": grad_rows / max(rows, 1)}
+    if n_own:
+        metrics["hacpo/self_ratio_mean"] = s_own / n_own
+        metrics["clip_ratio/region_mean"] = self_clip / n_own
+    if n_peer:
+        metrics["hacpo/peer_ratio_mean"] = s_peer / n_peer
+        metrics["hacpo/peer_clipped_low"] = low / n_peer
+        metrics["hacpo/peer_clipped_high"] = high / n_peer
+        metrics["hacpo/peer_kept"] = 1 - (low + high) / n_peer
+    if kl is not None:
+        metrics["kl"] = float(kl.mean())
+    return metrics
+
+
+def peer_row_metrics(counts: list[float]) -> dict[str, float]:
+    """The peer-row counts of a step (appended, rejected, truncated, filtered), summed over the agent's ranks."""
+    n_peer, rejected, truncated, filtered = counts
+    return {
+        "hacpo/peer_rows": n_peer,
+        "hacpo/peer_rows_rejected": rejected,
+        "hacpo/peer_rows_truncated": truncated,
+        "hacpo/peer_rows_filtered": filtered,
+    }
+
+
+def peer_ratio_metrics(rows: list[tuple[float, float]]) -> dict[str, float]:
+    """The median, geometric mean and share in band of a generation batch's peer ratios, and the mean bound
+    applied, from its ``(ratio, lower bound)`` pairs (nothing without peer rows)."""
+    if not rows:
+        return {}
+    stats = peer_ratio_stats(torch.tensor([r for r, _ in rows]), torch.tensor([b for _, b in rows]))
+    return {f"hacpo/peer_ratio_{key}": stats[key] for key in ("median", "geomean", "in_band", "lower_bound")}
+
+
+def capability_metrics(
+    capabilities: dict[str, float], step_rewards: dict[str, list[float]], omegas: dict[str, float]
+) -> dict[str, float]:
+    """Every agent's capability estimate and mean reward of the step; ω of each peer (toward the learner)."""
+    metrics = {f"hacpo/capability/{agent}": capabilities[agent] for agent in step_rewards}
+    metrics.update({f"hacpo/reward/{agent}": sum(r) / len(r) for agent, r in step_rewards.items()})
+    metrics.update({f"hacpo/omega/{agent}": omega for agent, omega in omegas.items()})
+    return metrics
+
+
+def exchange_metrics(exchange, exchange_time: float, retokenize_seconds: float) -> dict[str, float]:
+    """Where a step's exchange time went (``exchange`` is the :class:`~hacpo_trl.exchange.Exchange`)."""
+    return {
+        "hacpo/exchange_time": exchange_time,
+        "hacpo/time/exchange_transfer": exchange.last_transfer,
+        "hacpo/time/exchange_wait": exchange.last_wait,
+        "hacpo/exchange_bytes": exchange.last_bytes,
+        "hacpo/retokenize_time": retokenize_seconds,
+    }
+
+
+class OptimizerTimer(TrainerCallback):
+    """Times the optimizer step (between `on_pre_optimizer_step` and `on_optimizer_step`)."""
+
+    def __init__(self, trainer):
+        self.trainer, self.start = trainer, 0.0
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.start = time.perf_counter()
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer._metrics["train"]["hacpo/time/optimizer"].append(time.perf_counter() - self.start)

@@ -1,0 +1,86 @@
+"""The HACPO section of an agent's model card: a pure function of its settings, peers and log history.
+
+TRL writes the card (front matter, base model, citation); :class:`~hacpo_trl.trainer.HACPOTrainer` appends this
+section so a saved agent says what a HACPO agent needs to be understood: its peers, the recipe and final metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from contextlib import contextmanager
+
+from .pretrained import original_model
+
+__all__ = ["CARD_SETTINGS", "PAPER", "append_card_section", "hacpo_card_section", "hub_base_model"]
+
+PAPER = {  # TRL's card cites it (`GRPOTrainer._paper`)
+    "title": "Heterogeneous Agent Collaborative Reinforcement Learning",
+    "id": "2603.02604",
+    "citation": "@article{zhang2026hacrl, title={Heterogeneous Agent Collaborative Reinforcement Learning}, "
+    "author={Zhang, Zhixia and Huang and others}, journal={arXiv preprint arXiv:2603.02604}, year={2026}}",
+}
+
+CARD_SETTINGS = (
+    "alpha", "peer_delta", "peer_delta_step", "capability_window", "capability_baseline", "capability_coefficient",
+    "peer_clipping", "naive", "peer_filter", "epsilon", "epsilon_high", "num_generations", "learning_rate",
+    "temperature", "max_completion_length", "beta",
+)  # fmt: skip
+
+
+def hacpo_card_section(
+    settings, agent: str, base_model: str | None, log_history: Sequence[dict], global_step: int
+) -> str:
+    """The Markdown appended to TRL's card. ``settings`` is the agent's `HACPOConfig` (``specs``,
+    ``share_rollouts`` and :data:`CARD_SETTINGS` are read); the final value of each reward, capability and
+    ``train_loss`` entry of ``log_history`` is listed."""
+    lines = ["", "", "## HACPO", ""]
+    lines.append(f"This model is agent `{agent}` of a HACPO run (arXiv 2603.02604), trained with `hacpo-trl`.")
+    lines.append(f"Base model: `{base_model or 'in-memory model'}`.")
+    if original_model(base_model):
+        lines.append(f"It is an offline copy of `{original_model(base_model)}` (see its README.md).")
+    lines.append("")
+    peers = [s for s in settings.specs if s.name != agent]
+    if peers and settings.share_rollouts:
+        lines.append("It learned from its own completions and from those of its peers:")
+        lines += [f"- `{p.name}`: `{p.model_name_or_path or 'in-memory model'}`" for p in peers]
+    else:
+        lines.append("It was trained on its own completions only (no rollout sharing).")
+    recipe = {k: getattr(settings, k) for k in CARD_SETTINGS}
+    lines += ["", "Recipe (HACPO settings):", "", "```json", json.dumps(recipe, indent=2, default=str), "```", ""]
+    final: dict[str, float] = {}
+    for entry in log_history:
+        for key, value in entry.items():
+            if key == "reward" or key.startswith("hacpo/capability/") or key == "train_loss":
+                final[key] = value
+    if final:
+        lines += ["Final training metrics:", "", "| metric | value |", "|---|---|"]
+        lines += [f"| {k} | {v:.4g} |" for k, v in final.items() if isinstance(v, int | float)]
+        lines += [f"| global step | {global_step} |", ""]
+    return "\n".join(lines) + "\n"
+
+
+@contextmanager
+def hub_base_model(model, base_model: str | None):
+    """While TRL writes the card: the model's ``config._name_or_path`` names the Hub model that a built-in folder
+    ``base_model`` is a copy of (TRL's card takes ``base_model`` from it and omits local folders); restored after."""
+    config = getattr(model, "config", None)
+    original = original_model(base_model)
+    saved = getattr(config, "_name_or_path", None)
+    if original and config is not None:
+        config._name_or_path = original
+    try:
+        yield
+    finally:
+        if original and config is not None:
+            config._name_or_path = saved
+
+
+def append_card_section(output_dir: str, section: str) -> None:
+    """Append ``section`` to the card TRL wrote in ``output_dir`` (nothing when TRL wrote none)."""
+    path = os.path.join(output_dir, "README.md")
+    if not os.path.isfile(path):
+        return
+    with open(path, "a") as f:
+        f.write(section)

@@ -1,0 +1,141 @@
+"""The HACPO loss of one mini-batch as the trainer computes it: which rows get a backward pass, the loss over them,
+and per-row ratios and clip flags for the whole mini-batch. Pure torch over TRL's batch columns plus ours
+(``hacpo_is_peer``, ``hacpo_valid``, ``hacpo_old_mean_logp``, ``hacpo_old_len``, ``hacpo_omega``); every forward
+pass and every collective decision stays in :class:`~hacpo_trl.trainer.HACPOTrainer`.
+
+``clipped`` below is what :func:`score_peer_rows` returns: ``(dropped, objective, ratio, bound)`` for the peer rows
+left out of the gradient pass (their mask, their summed constant objective, their ratio on the whole mini-batch,
+zero elsewhere, and the lower bound applied), or None when every row gets a backward pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .algorithm import HACPOLossConfig, LossOutput, hacpo_loss, peer_objective, sequence_log_ratio, stepwise_lower_bound
+
+__all__ = ["batch_row_flags", "current_update", "gradient_rows", "rows_loss", "score_peer_rows", "self_on_policy"]
+
+Clipped = tuple[torch.Tensor, float, torch.Tensor, float]
+
+
+def current_update(step: int, generate_every: int, gradient_accumulation_steps: int) -> int:
+    """m: the optimizer updates already made on the current generation batch, at micro-step ``step`` (Eq. 14)."""
+    return (step % generate_every) // max(gradient_accumulation_steps, 1)
+
+
+def self_on_policy(gradient_accumulation_steps: int, generate_every: int, vllm_weights: bool) -> bool:
+    """Whether self rows use their current log-prob as the old one. TRL skips old log-probs when a generation batch
+    is used for exactly one update (and no vLLM importance weights): the self ratio is then 1 in value. HACPO keeps
+    that for self rows (so one agent equals TRL's GSPO) and needs old log-probs anyway for the records it shares."""
+    return gradient_accumulation_steps % generate_every == 0 and not vllm_weights
+
+
+@torch.no_grad()
+def score_peer_rows(
+    logps: torch.Tensor, inputs: dict, candidates: torch.Tensor, update_index: int, config: HACPOLossConfig
+) -> Clipped | None:
+    """The peer rows (of ``candidates``, whose per-token log-probs are ``logps``) whose ratio is outside the band
+    ``[lb_m, 1]`` now: they get no gradient, so they need no backward pass. None when every candidate is inside."""
+    log_s = sequence_log_ratio(
+        logps,
+        inputs["completion_mask"][candidates],
+        inputs["hacpo_old_mean_logp"][candidates].to(logps.dtype),
+        inputs["hacpo_old_len"][candidates],
+        mode=config.ratio_mode,
+        max_abs_log_ratio=config.max_abs_log_ratio,
+    )
+    ratio = log_s.exp()
+    bound = stepwise_lower_bound(update_index, config.delta, config.delta_step)
+    outside = (ratio < bound) | (ratio > 1.0)
+    if not outside.any():
+        return None
+    omega = inputs["hacpo_omega"][candidates].to(ratio.dtype)
+    coefficient = omega if config.capability_coefficient else torch.ones_like(omega)
+    objective = peer_objective(
+        ratio, inputs["advantages"][candidates].to(ratio.dtype), coefficient, bound, config.alpha
+    )
+    rows = torch.nonzero(candidates).flatten()[outside]
+    dropped = torch.zeros_like(candidates)
+    dropped[rows] = True
+    full_ratio = torch.zeros(candidates.shape[0], dtype=ratio.dtype, device=ratio.device)
+    full_ratio[rows] = ratio[outside]
+    return dropped, float(objective[outside].sum()), full_ratio, bound
+
+
+def gradient_rows(is_peer: torch.Tensor, clipped: Clipped | None) -> torch.Tensor:
+    """The rows of the gradient pass: all but the dropped ones. When every row is dropped, the first row alone, for
+    a zero-gradient pass that keeps DDP's ranks in step."""
+    keep = torch.ones_like(is_peer) if clipped is None else ~clipped[0]
+    if not keep.any():
+        keep = torch.zeros_like(is_peer)
+        keep[0] = True
+    return keep
+
+
+def rows_loss(
+    logps: torch.Tensor,
+    inputs: dict,
+    rows: torch.Tensor,
+    update_index: int,
+    clipped: Clipped | None,
+    config: HACPOLossConfig,
+    self_on_policy: bool = False,
+) -> LossOutput:
+    """:func:`~hacpo_trl.algorithm.hacpo_loss` over the mini-batch rows ``rows`` (indices), whose per-token
+    log-probs are ``logps``; the dropped rows of ``clipped`` enter as their constant objective. With
+    ``self_on_policy`` the self rows' old log-prob is the current one (TRL skips old log-probs when a generation
+    batch is used for exactly one update: the self ratio is 1 in value). TRL's importance-sampling weights apply to
+    self rows only."""
+    is_peer, valid = inputs["hacpo_is_peer"], inputs["hacpo_valid"]
+    mask = inputs["completion_mask"][rows]
+    sub_peer = is_peer[rows]
+    sub_valid = valid[rows] & (clipped is None or ~clipped[0][rows])
+    old_mean = inputs["hacpo_old_mean_logp"][rows].to(logps.dtype)
+    if self_on_policy:
+        with torch.no_grad():
+            current = (logps * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        old_mean = torch.where(sub_peer, old_mean, current.detach())
+    weights = None
+    if "importance_sampling_ratio" in inputs:
+        ratio = inputs["importance_sampling_ratio"][rows]
+        if ratio.dim() == 2 and ratio.shape[1] > 1:
+            ratio = (ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        weights = torch.where(sub_peer, torch.ones_like(ratio.reshape(-1)), ratio.reshape(-1))
+    ref = inputs.get("ref_per_token_logps")
+    return hacpo_loss(
+        logps,
+        mask,
+        old_mean,
+        inputs["advantages"][rows],
+        sub_peer,
+        update_index=update_index,
+        omega=inputs["hacpo_omega"][rows],
+        old_lengths=inputs["hacpo_old_len"][rows],
+        ref_logps=None if ref is None else ref[rows],
+        valid=sub_valid,
+        weights=weights,
+        outside_rows=0 if clipped is None else int(clipped[0].sum()),
+        outside_objective=0.0 if clipped is None else clipped[1],
+        config=config,
+    )
+
+
+def batch_row_flags(
+    out: LossOutput, rows: torch.Tensor, is_peer: torch.Tensor, clipped: Clipped | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every mini-batch row's ratio and its clipped-below, clipped-above (peer) and self-clipped flags, the rows
+    left out of the gradient pass included: a dropped row's come from its ratio alone (the one kept for a
+    zero-gradient pass is also in ``out``)."""
+    ratio = torch.zeros(is_peer.shape[0], dtype=out.ratio.dtype, device=out.ratio.device)
+    ratio[rows] = out.ratio
+    low = torch.zeros_like(is_peer)
+    high = torch.zeros_like(is_peer)
+    self_clipped = torch.zeros_like(is_peer)
+    low[rows], high[rows], self_clipped[rows] = out.peer_clipped_low, out.peer_clipped_high, out.self_clipped
+    if clipped is not None:
+        dropped, _, dropped_ratio, bound = clipped
+        ratio = torch.where(dropped, dropped_ratio.to(ratio.dtype), ratio)
+        low = torch.where(dropped, dropped_ratio < bound, low)
+        high = torch.where(dropped, dropped_ratio > 1.0, high)
+    return ratio, low, high, self_clipped

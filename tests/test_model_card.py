@@ -1,0 +1,75 @@
+"""`hacpo_trl.model_card`: the HACPO section of an agent's card from settings, peers and log history."""
+
+import json
+
+from hacpo_trl.config import AgentSpec, HACPOConfig
+from hacpo_trl.model_card import CARD_SETTINGS, append_card_section, hacpo_card_section, hub_base_model
+from hacpo_trl.pretrained import PROVENANCE_FILE
+
+
+def _settings(share_rollouts=True):
+    class Settings:
+        pass
+
+    s = Settings()
+    for key in CARD_SETTINGS:
+        setattr(s, key, f"<{key}>")
+    s.alpha = 1.0
+    s.specs = [AgentSpec(name="small", model_name_or_path="org/small"), AgentSpec(name="big")]
+    s.share_rollouts = share_rollouts
+    return s
+
+
+def test_card_names_agent_peers_recipe_and_final_metrics():
+    history = [
+        {"reward": 0.25, "hacpo/capability/small": 0.2, "loss": 1.0},
+        {"reward": 0.5, "hacpo/capability/small": 0.4, "hacpo/capability/big": 0.6},
+        {"train_loss": 0.125, "note": "text"},
+    ]
+    card = hacpo_card_section(_settings(), "small", "org/small", history, 7)
+    assert card.startswith("\n\n## HACPO\n\nThis model is agent `small` of a HACPO run")
+    assert "Base model: `org/small`." in card and "offline copy" not in card
+    assert "from those of its peers:\n- `big`: `in-memory model`\n" in card and "- `small`" not in card
+    recipe = json.loads(card.split("```json\n")[1].split("```")[0])
+    assert list(recipe) == list(CARD_SETTINGS) and recipe["alpha"] == 1.0
+    # the last value of each reward / capability / train_loss entry; other keys left out
+    table = card.split("Final training metrics:")[1]
+    assert "| reward | 0.5 |" in table and "| hacpo/capability/small | 0.4 |" in table
+    assert "| hacpo/capability/big | 0.6 |" in table and "| train_loss | 0.125 |" in table
+    assert "| loss |" not in table and "note" not in table and "| global step | 7 |" in table
+
+
+def test_card_without_sharing_or_history(tmp_path):
+    (tmp_path / PROVENANCE_FILE).write_text(json.dumps({"hub_id": "Org/Real-Model"}))
+    card = hacpo_card_section(_settings(share_rollouts=False), "small", str(tmp_path), [], 0)
+    assert "trained on its own completions only (no rollout sharing)" in card and "peers:" not in card
+    assert "It is an offline copy of `Org/Real-Model`" in card
+    assert "Final training metrics" not in card
+    assert "Base model: `in-memory model`." in hacpo_card_section(_settings(), "big", None, [], 0)
+
+
+def test_card_settings_are_config_fields():
+    fields = HACPOConfig.__dataclass_fields__
+    assert [k for k in CARD_SETTINGS if k not in fields] == []
+
+
+def test_hub_base_model_names_the_hub_model_only_while_trl_writes_the_card(tmp_path):
+    (tmp_path / PROVENANCE_FILE).write_text(json.dumps({"hub_id": "Org/Real-Model"}))
+
+    class Model:
+        class config:  # noqa: N801
+            _name_or_path = "/local/copy"
+
+    with hub_base_model(Model(), str(tmp_path)):
+        assert Model.config._name_or_path == "Org/Real-Model"
+    assert Model.config._name_or_path == "/local/copy"
+    with hub_base_model(Model(), "/not/a/builtin"):
+        assert Model.config._name_or_path == "/local/copy"
+
+
+def test_append_card_section_needs_trls_card(tmp_path):
+    append_card_section(str(tmp_path), "lost")
+    assert not (tmp_path / "README.md").exists()
+    (tmp_path / "README.md").write_text("---\nbase_model: x\n---\n")
+    append_card_section(str(tmp_path), "\n## HACPO\n")
+    assert (tmp_path / "README.md").read_text() == "---\nbase_model: x\n---\n\n## HACPO\n"

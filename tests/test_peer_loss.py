@@ -1,0 +1,126 @@
+"""`hacpo_trl.peer_loss`: which rows of a mini-batch get a backward pass, the loss over them, per-row flags.
+Hand-built mini-batches; no trainer, no process group."""
+
+import math
+
+import pytest
+import torch
+
+from hacpo_trl.algorithm import HACPOLossConfig, hacpo_loss
+from hacpo_trl.peer_loss import (
+    batch_row_flags,
+    current_update,
+    gradient_rows,
+    rows_loss,
+    score_peer_rows,
+    self_on_policy,
+)
+
+
+def _inputs(ratios):
+    """Row 0 is a self row, rows 1.. peer rows whose ratio s (per-token means, every token log-prob -1) is given."""
+    n = 1 + len(ratios)
+    old = [-1.0] + [-1.0 - math.log(s) for s in ratios]
+    return {
+        "completion_mask": torch.ones(n, 2, dtype=torch.long),
+        "hacpo_is_peer": torch.tensor([False] + [True] * len(ratios)),
+        "hacpo_valid": torch.ones(n, dtype=torch.bool),
+        "hacpo_old_mean_logp": torch.tensor(old),
+        "hacpo_old_len": torch.full((n,), 2),
+        "hacpo_omega": torch.tensor([1.0, 1.0, 3.0, 0.5])[:n],
+        "advantages": torch.tensor([0.5, 1.0, 2.0, -1.0])[:n],
+    }
+
+
+def test_peer_rows_outside_the_band_are_dropped_with_their_constant_objective():
+    inputs = _inputs([0.9, 1.5, math.exp(-3)])
+    candidates = inputs["hacpo_is_peer"] & inputs["hacpo_valid"]
+    logps = torch.full((3, 2), -1.0)
+    dropped, objective, ratio, bound = score_peer_rows(logps, inputs, candidates, 0, HACPOLossConfig())
+    assert bound == pytest.approx(0.8)  # lb_0 = 1 - δ
+    assert dropped.tolist() == [False, False, True, True]  # 1.5 > 1 and e^-3 < 0.8 are outside, 0.9 inside
+    torch.testing.assert_close(ratio, torch.tensor([0.0, 0.0, 1.5, math.exp(-3)]))
+    # A·ω·c·sg(c)^α, c = clamp(s, 0.8, 1): 2·3·1·1 + (-1)·0.5·0.8·0.8 = 6 - 0.32
+    assert objective == pytest.approx(5.68, rel=1e-5)
+    no_omega = score_peer_rows(logps, inputs, candidates, 0, HACPOLossConfig(capability_coefficient=False))
+    assert no_omega[1] == pytest.approx(2 - 0.64, rel=1e-5)
+    # after 8 updates the bound is min(1, 0.8 + 8·0.025) = 1: 0.9 is outside too
+    assert score_peer_rows(logps, inputs, candidates, 8, HACPOLossConfig())[0].tolist() == [False, True, True, True]
+
+
+def test_nothing_is_dropped_when_every_peer_ratio_is_inside_the_band():
+    inputs = _inputs([0.9, 1.0])
+    candidates = inputs["hacpo_is_peer"]
+    assert score_peer_rows(torch.full((2, 2), -1.0), inputs, candidates, 0, HACPOLossConfig()) is None
+
+
+def test_gradient_rows_are_all_but_the_dropped_ones_and_never_none():
+    is_peer = torch.tensor([False, True, True])
+    assert gradient_rows(is_peer, None).tolist() == [True, True, True]
+    clipped = (torch.tensor([False, True, False]), 1.0, torch.zeros(3), 0.8)
+    assert gradient_rows(is_peer, clipped).tolist() == [True, False, True]
+    everything = (torch.tensor([True, True, True]), 1.0, torch.zeros(3), 0.8)
+    assert gradient_rows(is_peer, everything).tolist() == [True, False, False]  # one zero-gradient row
+
+
+def _hacpo_loss_by_hand(logps, inputs, self_old, weights, outside_objective, config):
+    """hacpo_loss over rows 0 (self) and 1 (peer, s = 0.9) with the two dropped rows' objective, sliced by hand."""
+    return hacpo_loss(
+        logps,
+        inputs["completion_mask"][:2],
+        torch.tensor([self_old, -1.0 - math.log(0.9)]),
+        torch.tensor([0.5, 1.0]),
+        torch.tensor([False, True]),
+        update_index=0,
+        omega=torch.tensor([1.0, 1.0]),
+        old_lengths=torch.tensor([2, 2]),
+        valid=torch.tensor([True, True]),
+        weights=weights,
+        outside_rows=2,
+        outside_objective=outside_objective,
+        config=config,
+    )
+
+
+def test_rows_loss_is_hacpo_loss_over_the_kept_rows_with_the_dropped_objective_added():
+    inputs = _inputs([0.9, 1.5, math.exp(-3)])
+    inputs["hacpo_old_mean_logp"][0] = -1.2  # the self row's stored old log-prob: s = e^0.2 unless on-policy
+    config = HACPOLossConfig()
+    clipped = score_peer_rows(torch.full((3, 2), -1.0), inputs, inputs["hacpo_is_peer"], 0, config)
+    rows = torch.tensor([0, 1])
+    logps = torch.full((2, 2), -1.0)
+    out = rows_loss(logps, inputs, rows, 0, clipped, config)
+    torch.testing.assert_close(out.ratio, torch.tensor([math.exp(0.2), 0.9]))
+    expected = _hacpo_loss_by_hand(logps, inputs, -1.2, None, clipped[1], config)
+    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-5, atol=1e-7)
+    # on-policy self rows: the self ratio is 1 in value; TRL's importance weights apply to self rows only
+    inputs["importance_sampling_ratio"] = torch.tensor([[2.0, 4.0], [5.0, 5.0], [1.0, 1.0], [1.0, 1.0]])
+    on_policy = rows_loss(logps, inputs, rows, 0, clipped, config, self_on_policy=True)
+    torch.testing.assert_close(on_policy.ratio, torch.tensor([1.0, 0.9]))
+    # the self row's token-mean weight (2 + 4) / 2; 1 for the peer row
+    weighted = _hacpo_loss_by_hand(logps, inputs, -1.0, torch.tensor([3.0, 1.0]), clipped[1], config)
+    torch.testing.assert_close(on_policy.loss, weighted.loss, rtol=1e-5, atol=1e-7)
+
+
+def test_batch_row_flags_cover_the_dropped_rows_from_their_ratio_alone():
+    inputs = _inputs([0.9, 1.5, math.exp(-3)])
+    config = HACPOLossConfig()
+    clipped = score_peer_rows(torch.full((3, 2), -1.0), inputs, inputs["hacpo_is_peer"], 0, config)
+    rows = torch.tensor([0, 1])
+    out = rows_loss(torch.full((2, 2), -1.0), inputs, rows, 0, clipped, config, self_on_policy=True)
+    ratio, low, high, self_clipped = batch_row_flags(out, rows, inputs["hacpo_is_peer"], clipped)
+    torch.testing.assert_close(ratio, torch.tensor([1.0, 0.9, 1.5, math.exp(-3)]))
+    assert low.tolist() == [False, False, False, True]
+    assert high.tolist() == [False, False, True, False]
+    assert self_clipped.tolist() == [False, False, False, False]
+    unclipped = batch_row_flags(out, rows, inputs["hacpo_is_peer"][:2], None)
+    torch.testing.assert_close(unclipped[0], torch.tensor([1.0, 0.9]))
+
+
+def test_update_index_and_self_on_policy():
+    # 2 mini-batches per generation x 2 iterations = 4 updates of 2 accumulation micro-steps each
+    assert [current_update(step, 8, 2) for step in range(10)] == [0, 0, 1, 1, 2, 2, 3, 3, 0, 0]
+    assert current_update(5, 4, 0) == 1  # no accumulation yet counts as 1
+    assert self_on_policy(4, 4, vllm_weights=False) and self_on_policy(8, 4, vllm_weights=False)
+    assert not self_on_policy(2, 4, vllm_weights=False)  # a generation batch serves two updates
+    assert not self_on_policy(4, 4, vllm_weights=True)  # vLLM importance weights need the stored log-probs
