@@ -439,7 +439,7 @@ def make_plan(
             int(batch["rows_per_forward"]),
             seq,
             completion,
-            bool(recipe.get("gradient_checkpointing", True)),
+            bool(recipe.get("activation_checkpointing", recipe.get("gradient_checkpointing", True))),
             vllm_gib,
             on_gpu=not on_cpu,
         )

@@ -235,6 +235,18 @@ def _place(recipe: dict, world: int) -> None:
         place_process(counts)
 
 
+def _filter_library_warnings(recipe: dict, argv: list[str]) -> None:
+    """Hide library warnings a user of this script cannot act on (each one says why)."""
+    import warnings
+
+    # TRL 1.16 reads `model.is_gradient_checkpointing`, which transformers 5 deprecates; only a TRL release fixes it.
+    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    if "gradient_checkpointing" not in recipe and not any(a.startswith("--gradient_checkpointing") for a in argv):
+        # GRPOConfig's own default sets the deprecated `gradient_checkpointing` field (to True) when the user set
+        # neither name; a user who wrote `gradient_checkpointing` still sees the warning telling them the new name.
+        warnings.filterwarnings("ignore", message=r"`gradient_checkpointing` is deprecated", category=FutureWarning)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--plan" in argv:  # check the launch on paper: no weights, no process group
@@ -249,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             recipe = load_recipe(path)
             _place(recipe, world)  # before anything imports trl (and maybe CUDA)
             check_recipe(recipe, num_processes=world if "RANK" in os.environ else None)
+            _filter_library_warnings(recipe, argv)
         from trl import TrlParser
 
         from .config import HACPOConfig
@@ -274,12 +287,17 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
     from transformers import TrainerCallback
 
     from .demo import resolve_model
+    from .progress import install, quiet_replica
     from .topology import current_topology
     from .trainer import HACPOTrainer
 
     def trainer_rank() -> int:
         return current_topology().agent_rank
 
+    topology = current_topology()  # RANK is agent-local by now
+    global_rank = topology.global_rank if topology is not None else 0
+    if global_rank != 0:
+        quiet_replica()
     spec = config.agent_spec
     if spec.model_name_or_path.startswith("builtin:"):
         if trainer_rank() == 0:
@@ -303,6 +321,7 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
                     curve.append((state.global_step, accuracy))
 
     trainer.add_callback(LearningCurve())
+    install(trainer, global_rank)
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     trainer.save_model()
     after = _evaluate(trainer, test, script_args)
