@@ -80,6 +80,13 @@ def cache_root() -> str:
     return os.environ.get("HACPO_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "hacpo-trl"))
 
 
+def cache_folder(name: str, spec, version: int, directory: str | None = None) -> str:
+    """``directory``, or the cache folder of a built-in model: named after its spec, so a changed spec (or a bumped
+    ``version``) is built anew instead of reusing an old folder."""
+    payload = json.dumps({"name": name, **asdict(spec), "v": version}, sort_keys=True).encode()
+    return directory or os.path.join(cache_root(), f"{name}-{hashlib.sha1(payload).hexdigest()[:10]}")
+
+
 def _encode(tok, example) -> tuple[list[int], list[int]]:
     """(prompt ids, target ids + EOS): the target is the worked solution when the task has one, else the answer."""
     prompt = tok.apply_chat_template(example["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)
@@ -130,8 +137,7 @@ def build_agent(name: str, directory: str | None = None) -> str:
         raise ValueError(f"unknown built-in agent {name!r}; available: {sorted(BUILTIN_AGENTS)}")
     spec = BUILTIN_AGENTS[name]
     # v2: warm-started with the tokenizer the saved folder loads back as (v1 used the in-memory one)
-    key = hashlib.sha1(json.dumps({"name": name, **asdict(spec), "v": 2}, sort_keys=True).encode()).hexdigest()[:10]
-    folder = directory or os.path.join(cache_root(), f"{name}-{key}")
+    folder = cache_folder(name, spec, 2, directory)
     if os.path.isfile(os.path.join(folder, "config.json")):
         return folder
     torch.manual_seed(spec.seed)

@@ -13,7 +13,6 @@ Hub checkpoint's.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -93,13 +92,12 @@ def _model_card(name: str, spec: PretrainedModel) -> str:
 
 def build_pretrained(name: str, directory: str | None = None) -> str:
     """The folder of a built-in pretrained model (converted from its package's GGUF on first use)."""
-    from .demo import cache_root
+    from .demo import cache_folder
 
     if name not in PRETRAINED:
         raise ValueError(f"unknown built-in pretrained model {name!r}; available: {sorted(PRETRAINED)}")
     spec = PRETRAINED[name]
-    key = hashlib.sha1(json.dumps({"name": name, **asdict(spec), "v": 1}, sort_keys=True).encode()).hexdigest()[:10]
-    folder = directory or os.path.join(cache_root(), f"{name}-{key}")
+    folder = cache_folder(name, spec, 1, directory)
     if os.path.isfile(os.path.join(folder, PROVENANCE_FILE)):  # written last: the folder is complete
         return folder
     path = _gguf_path(name, spec)
