@@ -18,6 +18,7 @@ __all__ = [
     "OptimizerTimer",
     "capability_metrics",
     "exchange_metrics",
+    "learns_from_metrics",
     "loss_metric_sums",
     "loss_metrics",
     "peer_ratio_metrics",
@@ -91,6 +92,12 @@ def capability_metrics(
     metrics.update({f"hacpo/reward/{agent}": sum(r) / len(r) for agent, r in step_rewards.items()})
     metrics.update({f"hacpo/omega/{agent}": omega for agent, omega in omegas.items()})
     return metrics
+
+
+def learns_from_metrics(learner: str, agents: list[str], open_peers: list[str]) -> dict[str, float]:
+    """Which peers the learner learns from at this generation batch: 1 open, 0 closed (`learn_from`,
+    `capability_gate`)."""
+    return {f"hacpo/learns_from/{a}": float(a in open_peers) for a in agents if a != learner}
 
 
 def exchange_metrics(exchange, exchange_time: float, retokenize_seconds: float) -> dict[str, float]:

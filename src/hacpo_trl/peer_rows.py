@@ -121,7 +121,9 @@ def build_peer_rows(
 ) -> PeerRows:
     """The peer rows for this process's self rows (``prompt_ids`` and ``rewards``, NaN = unscorable).
 
-    Every other agent's record of one of these prompts is a candidate (in ``agent_names`` order, then record order).
+    Every record of one of these prompts by an agent of ``agent_names`` other than the learner is a candidate (in
+    ``agent_names`` order, then record order): pass the learner and the peers it learns from (``learn_from``,
+    ``capability_gate``); other agents' rows stay out of its joint groups, rewards included.
     A candidate with a non-finite reward or old log-prob is rejected. Advantages are
     :func:`~hacpo_trl.algorithm.capability_aware_advantages` over each prompt's joint group of finite rewards, self
     rows included (a self row with a NaN reward gets 0). Then ``peer_filter="correct"`` drops peer rows without a

@@ -35,7 +35,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
 from . import checkpoints, metrics
-from .algorithm import CapabilityTracker
+from .algorithm import CapabilityTracker, open_peers
 from .config import HACPOConfig
 from .exchange import (
     PROMPT_ID_COLUMN,
@@ -187,10 +187,9 @@ class HACPOTrainer(GRPOTrainer):
         rewards = own_rewards(per_func, self.reward_weights, process, len(inputs))  # NaN = unscorable
         columns = add_self_columns(batch, self._own_old_logps(batch), rewards, self.eos_token_ids)
         if mode == "eval" or len(self.agent_names) == 1 or not self.args.share_rollouts:
-            batch["advantages"] = torch.nan_to_num(batch["advantages"], nan=0.0)
             if len(self.agent_names) > 1 and mode == "train":
                 self._exchange_capabilities(rewards)
-            return batch
+            return self._own_rows_only(batch)
 
         texts = [completion_text(c) for c in self._captured["completions"]]
         prompt_ids = [x[PROMPT_ID_COLUMN] for x in inputs]
@@ -201,8 +200,27 @@ class HACPOTrainer(GRPOTrainer):
         exchange_time = time.perf_counter() - start
         check_same_prompts(records, self.agent, self.state.global_step)
         by_agent = self._update_capability(records, mode)
-
+        peers = self._open_peers(mode)
+        if not peers:  # learns from no one at this batch: GSPO's own batch (its records were still shared)
+            self._log(mode, metrics.peer_row_metrics([0, 0, 0, 0]))
+            return self._own_rows_only(batch)
+        by_agent = {agent: by_agent[agent] for agent in (self.agent, *peers) if agent in by_agent}
         return self._add_peer_rows(batch, records, prompt_ids, rewards, by_agent, exchange_time, mode)
+
+    @staticmethod
+    def _own_rows_only(batch: dict) -> dict:
+        """TRL's batch of the learner's own rows, with TRL's advantages: what GSPO trains on."""
+        batch["advantages"] = torch.nan_to_num(batch["advantages"], nan=0.0)
+        return batch
+
+    def _open_peers(self, mode: str) -> list[str]:
+        """The peers this learner learns from at this batch (`learn_from`, `capability_gate`); logs each as
+        ``hacpo/learns_from/<peer>`` (1 open, 0 closed)."""
+        caps = self.capability.capabilities()
+        chosen = self.args.learn_from_agents()
+        peers = open_peers(self.agent, self.agent_names, caps, chosen, self.args.capability_gate)
+        self._log(mode, metrics.learns_from_metrics(self.agent, self.agent_names, peers))
+        return peers
 
     def _exchange_capabilities(self, rewards: torch.Tensor) -> None:
         """Without sharing, agents still exchange rewards so every log shows every agent's capability."""
@@ -229,7 +247,8 @@ class HACPOTrainer(GRPOTrainer):
         batch.pop("old_per_token_logps", None)  # HACPO's loss uses per-sequence old log-probs (hacpo_old_mean_logp)
         records = [r for agent_records in by_agent.values() for r in agent_records]
         caps, tokenizer = self.capability.capabilities(), self._tokenizer
-        rows = build_peer_rows(prompt_ids, rewards, records, self.agent, self.agent_names, caps, self.args, tokenizer)
+        learners_view = [a for a in self.agent_names if a in by_agent]  # the learner and the peers it learns from
+        rows = build_peer_rows(prompt_ids, rewards, records, self.agent, learners_view, caps, self.args, tokenizer)
         prompt_tokens = self_prompt_tokens(prompt_ids, batch["prompt_ids"], batch["prompt_mask"])
         pad_id = self._tokenizer.pad_token_id
         batch = append_peer_rows(batch, rows, prompt_tokens, prompt_ids, self.args.steps_per_generation, pad_id)
