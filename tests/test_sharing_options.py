@@ -5,7 +5,14 @@ import pytest
 import torch
 
 from hacpo_trl import HACPOConfig
-from hacpo_trl.algorithm import CapabilityTracker, capability_aware_advantages, open_peers
+from hacpo_trl.algorithm import (
+    CapabilityTracker,
+    HACPOLossConfig,
+    capability_aware_advantages,
+    hacpo_loss,
+    open_peers,
+    peer_fade_weight,
+)
 from hacpo_trl.config import parse_learn_from
 from hacpo_trl.exchange import RolloutBatch
 from hacpo_trl.metrics import learns_from_metrics
@@ -69,7 +76,35 @@ def test_open_peers_bad_input(args, match):
 
 
 def test_learns_from_metric():
-    assert learns_from_metrics("A", AGENTS, ["C"]) == {"hacpo/learns_from/B": 0.0, "hacpo/learns_from/C": 1.0}
+    expected = {"hacpo/learns_from/B": 0.0, "hacpo/learns_from/C": 1.0, "hacpo/peer_weight": 0.5}
+    assert learns_from_metrics("A", AGENTS, ["C"], 0.5) == expected
+
+
+# ------------------------------------------------------------------------------------------ fading peers out
+
+
+def test_peer_fade_weight_by_hand():
+    assert [peer_fade_weight(t, 8) for t in (0, 2, 4, 6, 8, 12)] == [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
+    assert peer_fade_weight(0, 0) == peer_fade_weight(10**6, 0) == 1.0  # 0: no fade
+    for bad in ((-1, 4), (1.5, 4), (1, -2), (1, 2.0), (True, 4)):
+        with pytest.raises(ValueError, match="must be an integer >= 0"):
+            peer_fade_weight(*bad)
+
+
+def test_faded_peer_rows_keep_the_baseline_and_scale_the_peer_objective():
+    every = build_peer_rows(SELF_IDS, SELF_REWARDS, records(), "A", AGENTS, CAPS, settings(), BPE)
+    half = build_peer_rows(SELF_IDS, SELF_REWARDS, records(), "A", AGENTS, CAPS, settings(), BPE, peer_weight=0.5)
+    assert half.advantages == pytest.approx([0.5 * a for a in every.advantages], rel=1e-6)
+    assert torch.equal(half.self_advantages, every.self_advantages)  # the learner's own rows are untouched
+    assert half.completion_ids == every.completion_ids and half.valid == every.valid
+    # by hand, one peer row with s = 0.9 in the band [0.8, 1], ω = 2, α = 1: objective A·ω·s·s = 1.62·A, so
+    # halving A halves the loss: -(1.62 x 1.0) -> -(1.62 x 0.5)
+    logps = torch.full((1, 2), -1.0 + torch.tensor(0.9).log().item(), requires_grad=True)
+    args = (torch.ones(1, 2), torch.tensor([-1.0]))
+    kwargs = dict(omega=torch.tensor([2.0]), config=HACPOLossConfig())
+    full = hacpo_loss(logps, *args, torch.tensor([1.0]), torch.tensor([True]), **kwargs).loss
+    faded = hacpo_loss(logps, *args, torch.tensor([0.5]), torch.tensor([True]), **kwargs).loss
+    assert float(full) == pytest.approx(-1.62, rel=1e-5) and float(faded) == pytest.approx(-0.81, rel=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -117,6 +152,8 @@ def test_learn_from_and_gate_resolve_per_agent(tmp_path):
         ({"agents": {"solo": {}}, "capability_gate": -1.0}, r"`capability_gate` must be .* got -1.0"),
         ({"agents": {"solo": {"overrides": {"capability_gate": "high"}}}}, r"agent 'solo': `capability_gate`.*'high'"),
         ({"agents": {"solo": {"overrides": {"peer_filter": "best"}}}}, r"agent 'solo': `peer_filter` .* 'best'"),
+        ({"peer_fade_steps": -3}, r"`peer_fade_steps` must be an integer >= 0, got -3"),
+        ({"agents": {"solo": {"overrides": {"peer_fade_steps": 2.5}}}}, r"agent 'solo': `peer_fade_steps` .* 2.5"),
     ],
 )
 def test_bad_sharing_options_are_refused_naming_the_value(tmp_path, kwargs, match):
@@ -127,7 +164,7 @@ def test_bad_sharing_options_are_refused_naming_the_value(tmp_path, kwargs, matc
 def test_learner_choices_need_not_be_equal_across_agents():
     from hacpo_trl.config import SHARED_SETTINGS
 
-    assert not {"peer_filter", "learn_from", "capability_gate"} & set(SHARED_SETTINGS)
+    assert not {"peer_filter", "learn_from", "capability_gate", "peer_fade_steps"} & set(SHARED_SETTINGS)
     assert "share_rollouts" in SHARED_SETTINGS  # every agent still exchanges at every generation batch
 
 
@@ -250,20 +287,24 @@ def test_an_agent_that_learns_from_no_one_trains_exactly_as_gspo(learns_from_non
 
 
 @pytest.mark.timeout(900)
-def test_capability_gate_through_the_trainer_and_others_receive_the_same(learns_from_none, tmp_path, launch):
+def test_gate_and_fade_through_the_trainer_and_others_receive_the_same(learns_from_none, tmp_path, launch):
     """llama0 gated at 1.0 (learns from qwen1 only while P̂_qwen1 >= P̂_llama0): each generation batch it learns from
-    qwen1 exactly when the logged capabilities say so, and builds no peer row otherwise. qwen1's first peer rows
-    (llama0's first completions in qwen1's tokens) are the same whether llama0 learns from no one or is gated."""
+    qwen1 exactly when the logged capabilities say so, and builds no peer row otherwise. qwen1 fades its peer rows
+    out over 4 steps. qwen1's first peer rows (llama0's first completions in qwen1's tokens) are the same whether
+    llama0 learns from no one or is gated."""
     from conftest import summaries
 
     launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--record_peers",
-           "--override", "0:capability_gate=1.0")  # fmt: skip
+           "--override", "0:capability_gate=1.0", "--override", "1:peer_fade_steps=4")  # fmt: skip
     llama, qwen = summaries(tmp_path)
     caps = zip(_metric(llama, "hacpo/capability/llama0"), _metric(llama, "hacpo/capability/qwen1"), strict=True)
     expected = [float(q >= a) for a, q in caps]
     assert len(expected) == 4 and _metric(llama, "hacpo/learns_from/qwen1") == expected
     assert [n > 0 for n in _metric(llama, "hacpo/peer_rows")] == [bool(e) for e in expected]
-    assert _metric(qwen, "hacpo/learns_from/llama0") == [1.0] * 4  # qwen1 has no gate
+    # qwen1 fades llama0's rows out over 4 optimizer steps: generation batches start at steps 0, 2, 4, 6
+    assert _metric(qwen, "hacpo/peer_weight") == [1.0, 0.5, 0.0, 0.0]
+    assert _metric(qwen, "hacpo/learns_from/llama0") == [1.0, 1.0, 0.0, 0.0]
+    assert _metric(qwen, "hacpo/peer_rows") == [8, 8, 0, 0]
     _, (_, qwen_none) = learns_from_none
     assert qwen["peers"]["rows"] == qwen_none["peers"]["rows"] and len(qwen["peers"]["rows"]) == 8
 

@@ -32,6 +32,7 @@ __all__ = [
     "hacpo_loss",
     "joint_baseline",
     "open_peers",
+    "peer_fade_weight",
     "peer_objective",
     "peer_ratio_stats",
     "peer_row_order",
@@ -246,6 +247,20 @@ def open_peers(
         raise ValueError(f"`capabilities` is missing agents {missing}")
     own = capabilities[learner]
     return [a for a in agents if a != learner and a in names and capabilities[a] >= capability_gate * own]
+
+
+def peer_fade_weight(step: int, fade_steps: int) -> float:
+    """The weight of a learner's peer rows after ``step`` optimizer steps: 1 − step / fade_steps, floored at 0 (not
+    in the paper; S2L-PO's progressive annealing back to the learner's own samples, here as a linear fade of the
+    peer rows' advantages). ``fade_steps=0``: no fade (weight 1 throughout). At weight 0 the learner learns from no
+    one (see :func:`open_peers`)."""
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"`step` must be an integer >= 0, got {step!r}")
+    if not isinstance(fade_steps, int) or isinstance(fade_steps, bool) or fade_steps < 0:
+        raise ValueError(f"`peer_fade_steps` must be an integer >= 0, got {fade_steps!r}")
+    if fade_steps == 0:
+        return 1.0
+    return max(0.0, 1.0 - step / fade_steps)
 
 
 # --------------------------------------------------------------------------------------------------

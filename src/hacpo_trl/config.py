@@ -35,7 +35,7 @@ SHARED_SETTINGS = (
     "shuffle_dataset",
     "max_completion_length",
     "mask_truncated_completions",  # every learner must mask the same peers' unfinished completions
-    "share_rollouts",  # what a learner trains on (`learn_from`, `capability_gate`, `peer_filter`) is its own choice
+    "share_rollouts",  # what a learner trains on (learn_from, capability_gate, peer_fade_steps, peer_filter): its own
     "capability_window",
     "capability_metric",
     "save_strategy",  # agents checkpoint together, so that resuming finds a step every agent saved
@@ -70,8 +70,8 @@ class AgentSpec:
             with its server; defaults to the run's ``vllm_group_port`` (51216). Two agents may share neither a
             server nor a weight-sync port: both are refused at start-up.
         overrides: any other ``HACPOConfig`` field for this agent only (e.g. ``weight_decay``,
-            ``per_device_train_batch_size``, ``capability_gate``, ``peer_filter``). Sampling and schedule settings
-            must stay equal across agents.
+            ``per_device_train_batch_size``, ``capability_gate``, ``peer_fade_steps``, ``peer_filter``). Sampling
+            and schedule settings must stay equal across agents.
     """
 
     name: str
@@ -256,6 +256,11 @@ class HACPOConfig(GRPOConfig):
             learns only from peers at least as capable, `0.8` also from peers up to 20% weaker; `0` keeps every peer
             of `learn_from` open. A learner with every peer gated off trains as with `learn_from: none` (GSPO).
             Logged as `hacpo/learns_from/<peer>` (1 open, 0 closed). May differ per agent (`overrides`).
+        peer_fade_steps (`int`, *optional*, defaults to `0`):
+            Fade the learner's peer rows out over training (S2L-PO's annealing back to on-policy data): at a
+            generation batch starting after t optimizer steps, the peer rows' advantages (hence their objectives)
+            are multiplied by max(0, 1 - t / peer_fade_steps); once that is 0 the learner learns from no one and
+            trains as GSPO (see `learn_from`). `0`: no fade. Logged as `hacpo/peer_weight`. May differ per agent.
         exchange_timeout (`float`, *optional*, defaults to `1800`):
             Seconds a process waits in an exchange for every process of every agent to arrive, once training runs,
             before failing with an error naming the absent ones. Agents exchange once per generation batch, so the
@@ -334,6 +339,9 @@ class HACPOConfig(GRPOConfig):
     )
     capability_gate: float = field(
         default=0.0, metadata={"help": "Learn from a peer only while P̂_peer >= gate x P̂_learner; 0 = always."}
+    )
+    peer_fade_steps: int = field(
+        default=0, metadata={"help": "Fade the peer rows' weight linearly to 0 over this many steps; 0 = no fade."}
     )
     exchange_timeout: float = field(default=1800.0, metadata={"help": "Seconds to wait on other agents."})
     exchange_startup_timeout: float = field(
@@ -448,6 +456,9 @@ class HACPOConfig(GRPOConfig):
         gate = values.get("capability_gate")
         if isinstance(gate, bool) or not (isinstance(gate, int | float) and math.isfinite(gate) and gate >= 0):
             raise ValueError(f"{who}`capability_gate` must be a finite number >= 0, got {gate!r}")
+        fade = values.get("peer_fade_steps")
+        if isinstance(fade, bool) or not isinstance(fade, int) or fade < 0:
+            raise ValueError(f"{who}`peer_fade_steps` must be an integer >= 0, got {fade!r}")
 
     def _canonical_learn_from(self, agent_names: list[str]) -> str:
         """This agent's `learn_from` as ``"all"``, ``"none"`` or ``"a,b"`` (a YAML list becomes a string), checked."""

@@ -94,10 +94,12 @@ def capability_metrics(
     return metrics
 
 
-def learns_from_metrics(learner: str, agents: list[str], open_peers: list[str]) -> dict[str, float]:
+def learns_from_metrics(learner: str, agents: list[str], open_peers: list[str], weight: float) -> dict[str, float]:
     """Which peers the learner learns from at this generation batch: 1 open, 0 closed (`learn_from`,
-    `capability_gate`)."""
-    return {f"hacpo/learns_from/{a}": float(a in open_peers) for a in agents if a != learner}
+    `capability_gate`), and the weight of its peer rows (`peer_fade_steps`)."""
+    metrics = {f"hacpo/learns_from/{a}": float(a in open_peers) for a in agents if a != learner}
+    metrics["hacpo/peer_weight"] = weight
+    return metrics
 
 
 def exchange_metrics(exchange, exchange_time: float, retokenize_seconds: float) -> dict[str, float]:

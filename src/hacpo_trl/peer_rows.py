@@ -118,6 +118,7 @@ def build_peer_rows(
     capabilities: Mapping[str, float],
     settings,
     tokenizer,
+    peer_weight: float = 1.0,
 ) -> PeerRows:
     """The peer rows for this process's self rows (``prompt_ids`` and ``rewards``, NaN = unscorable).
 
@@ -128,7 +129,9 @@ def build_peer_rows(
     :func:`~hacpo_trl.algorithm.capability_aware_advantages` over each prompt's joint group of finite rewards, self
     rows included (a self row with a NaN reward gets 0). Then ``peer_filter="correct"`` drops peer rows without a
     positive reward (after the advantages, so they still count in the baseline), and each remaining text is
-    re-tokenized by :func:`~hacpo_trl.retokenize.peer_completion_ids` (``None``: rejected).
+    re-tokenized by :func:`~hacpo_trl.retokenize.peer_completion_ids` (``None``: rejected). ``peer_weight``
+    multiplies the peer rows' advantages, so their objectives (the peer term is linear in A), after the baseline:
+    the fade of ``peer_fade_steps`` (:func:`~hacpo_trl.algorithm.peer_fade_weight`).
     """
     mine = set(prompt_ids)
     out = PeerRows()
@@ -180,7 +183,7 @@ def build_peer_rows(
         ).float()
     out.self_advantages = torch.zeros(len(prompt_ids))
     out.self_advantages[self_index] = advantages[: len(self_index)]
-    peer_adv = advantages[len(self_index) :]
+    peer_adv = advantages[len(self_index) :] * peer_weight
 
     # re-tokenize the peer rows we train on
     eos = tokenizer.eos_token_id

@@ -35,7 +35,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
 from . import checkpoints, metrics
-from .algorithm import CapabilityTracker, open_peers
+from .algorithm import CapabilityTracker, open_peers, peer_fade_weight
 from .config import HACPOConfig
 from .exchange import (
     PROMPT_ID_COLUMN,
@@ -214,13 +214,21 @@ class HACPOTrainer(GRPOTrainer):
         return batch
 
     def _open_peers(self, mode: str) -> list[str]:
-        """The peers this learner learns from at this batch (`learn_from`, `capability_gate`); logs each as
-        ``hacpo/learns_from/<peer>`` (1 open, 0 closed)."""
+        """The peers this learner learns from at this batch (`learn_from`, `capability_gate`, and none once
+        `peer_fade_steps` has faded them out); logs each as ``hacpo/learns_from/<peer>`` (1 open, 0 closed)."""
         caps = self.capability.capabilities()
         chosen = self.args.learn_from_agents()
         peers = open_peers(self.agent, self.agent_names, caps, chosen, self.args.capability_gate)
-        self._log(mode, metrics.learns_from_metrics(self.agent, self.agent_names, peers))
+        if self._peer_weight() == 0:
+            peers = []
+        self._log(mode, metrics.learns_from_metrics(self.agent, self.agent_names, peers, self._peer_weight()))
         return peers
+
+    def _peer_weight(self) -> float:
+        """The fade of the peer rows' advantages at this generation batch (1 without `peer_fade_steps`)."""
+        if not self.model.training:
+            return 1.0
+        return peer_fade_weight(self.state.global_step, self.args.peer_fade_steps)
 
     def _exchange_capabilities(self, rewards: torch.Tensor) -> None:
         """Without sharing, agents still exchange rewards so every log shows every agent's capability."""
@@ -248,7 +256,9 @@ class HACPOTrainer(GRPOTrainer):
         records = [r for agent_records in by_agent.values() for r in agent_records]
         caps, tokenizer = self.capability.capabilities(), self._tokenizer
         learners_view = [a for a in self.agent_names if a in by_agent]  # the learner and the peers it learns from
-        rows = build_peer_rows(prompt_ids, rewards, records, self.agent, learners_view, caps, self.args, tokenizer)
+        rows = build_peer_rows(
+            prompt_ids, rewards, records, self.agent, learners_view, caps, self.args, tokenizer, self._peer_weight()
+        )
         prompt_tokens = self_prompt_tokens(prompt_ids, batch["prompt_ids"], batch["prompt_mask"])
         pad_id = self._tokenizer.pad_token_id
         batch = append_peer_rows(batch, rows, prompt_tokens, prompt_ids, self.args.steps_per_generation, pad_id)
