@@ -338,3 +338,23 @@ def test_options_are_recipe_settings(tmp_path):
     recipe.write_text(recipe.read_text().replace("learn_from: all\n", "learn_from: [solo]\n"))  # a YAML list
     _, cfg = parser.parse_args_and_config(["--config", str(recipe)])
     assert cfg.learn_from == "none"
+
+
+@pytest.mark.timeout(900)
+def test_a_two_process_agent_that_learns_from_no_one(tmp_path, launch):
+    """The learn-from-none path on an agent of 2 data-parallel ranks: both ranks take it together (the capability
+    every decision reads is the same on all ranks), so no collective of the agent's world is left waiting. The
+    other agent filters its peer rows (`peer_filter` differs per agent: no longer refused at start-up)."""
+    from conftest import summaries
+
+    launch(3, "train_agents.py", "--agents", "llama:2,qwen:1", "--out", str(tmp_path), "--steps", "4",
+           "--override", '0:learn_from="none"', "--override", '1:peer_filter="correct"')  # fmt: skip
+    runs = summaries(tmp_path)
+    llama, qwen = [s for s in runs if s["agent"] == "llama0"], [s for s in runs if s["agent"] == "qwen1"]
+    assert len(llama) == 2 and llama[0]["param_sum"] == llama[1]["param_sum"]  # DDP kept the ranks together
+    for s in llama:
+        assert s["trainable_changed"] == s["trainable"] and s["peer_rows_here"] == []
+        assert _metric(s, "hacpo/learns_from/qwen1") == [0.0, 0.0]
+    # both llama0 ranks' completions still reach qwen1, which (its own peer_filter) trains on the correct ones only
+    kept, filtered = _metric(qwen[0], "hacpo/peer_rows"), _metric(qwen[0], "hacpo/peer_rows_filtered")
+    assert [k + f for k, f in zip(kept, filtered, strict=True)] == [8, 8] and sum(filtered) > 0
