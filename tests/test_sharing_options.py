@@ -358,3 +358,36 @@ def test_a_two_process_agent_that_learns_from_no_one(tmp_path, launch):
     # both llama0 ranks' completions still reach qwen1, which (its own peer_filter) trains on the correct ones only
     kept, filtered = _metric(qwen[0], "hacpo/peer_rows"), _metric(qwen[0], "hacpo/peer_rows_filtered")
     assert [k + f for k, f in zip(kept, filtered, strict=True)] == [8, 8] and sum(filtered) > 0
+
+
+def test_own_old_logps_leave_the_rng_untouched(tmp_path):
+    """With one update per generation batch TRL computes no old log-probs, so HACPO runs a forward of its own for
+    the records it shares; with dropout that forward draws random numbers, and the generations after it would no
+    longer be GSPO's. It must leave the RNG as it found it."""
+    from datasets import Dataset
+
+    from hacpo_trl import HACPOTrainer
+    from hacpo_trl.tiny import char_tokenizer, tiny_llama
+
+    tok = char_tokenizer()
+    model = tiny_llama(tok, seed=1)
+    for module in model.modules():
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.5
+    args = HACPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, **COMMON)
+    trainer = HACPOTrainer(
+        model=model, reward_funcs=_has_digit, args=args, train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 2}),
+        processing_class=tok,
+    )  # fmt: skip
+    trainer.model.train()
+    ids = torch.tensor([[5, 6, 7], [6, 7, 8]])
+    batch = {"prompt_ids": ids, "prompt_mask": torch.ones_like(ids), "completion_ids": ids, "completion_mask": ids > 0}
+    batch["completion_mask"] = batch["completion_mask"].long()
+    state = torch.get_rng_state()
+    first = trainer._own_old_logps(batch)
+    assert torch.equal(torch.get_rng_state(), state)
+    second = trainer._own_old_logps(batch)
+    torch.testing.assert_close(first, second)  # the same draws: the RNG did not move
+    with torch.no_grad():  # the same forward without the guard does draw (the test would catch a missing one)
+        trainer._get_per_token_logps_and_entropies(trainer.model, torch.cat([ids, ids], 1), torch.ones(2, 6), 3)
+    assert not torch.equal(torch.get_rng_state(), state)

@@ -252,7 +252,8 @@ class HACPOConfig(GRPOConfig):
             GSPO's 2 of 32 at `steps_per_generation: 2`). Its advantages are TRL's own group-normalised ones.
         capability_gate (`float`, *optional*, defaults to `0.0`):
             Learn from a peer j only while its capability P̂_j is at least `capability_gate` x the learner's P̂_k,
-            checked at every generation batch (so sharing switches itself on and off as capabilities cross): `1.0`
+            checked at every generation batch with P̂ updated by that batch's rewards (the P̂ of the logs and of
+            ω), so sharing switches itself on and off as capabilities cross during training: `1.0`
             learns only from peers at least as capable, `0.8` also from peers up to 20% weaker; `0` keeps every peer
             of `learn_from` open. A learner with every peer gated off trains as with `learn_from: none` (GSPO).
             Logged as `hacpo/learns_from/<peer>` (1 open, 0 closed). May differ per agent (`overrides`).

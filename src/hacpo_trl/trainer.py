@@ -161,10 +161,14 @@ class HACPOTrainer(GRPOTrainer):
 
     @torch.no_grad()
     def _own_old_logps(self, batch: dict) -> torch.Tensor:
-        """The old per-token log-probs of this process's completions: TRL's when it computed them, else ours."""
+        """The old per-token log-probs of this process's completions: TRL's when it computed them, else ours. Ours
+        leave the RNG as they found it (a model with dropout would draw from it), so that generation afterwards
+        samples as in TRL's own run: an agent that learns from no one stays exactly GSPO."""
         if "old_per_token_logps" in batch:
             return batch["old_per_token_logps"]
-        with self._timed("old_logps"):
+        device = self.accelerator.device
+        devices = [] if device.type == "cpu" else [device.index or 0]
+        with self._timed("old_logps"), torch.random.fork_rng(devices=devices, device_type=device.type):
             prompt_completion = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
             attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
             logps, _, _ = self._get_per_token_logps_and_entropies(
