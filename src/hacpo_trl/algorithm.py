@@ -31,6 +31,8 @@ __all__ = [
     "capability_ratio",
     "hacpo_loss",
     "joint_baseline",
+    "open_peers",
+    "peer_fade_weight",
     "peer_objective",
     "peer_ratio_stats",
     "peer_row_order",
@@ -214,6 +216,51 @@ class CapabilityTracker:
     def __repr__(self) -> str:
         caps = ", ".join(f"{a}={c:.4f}" for a, c in self.capabilities().items())
         return f"CapabilityTracker(window={self.window}, steps={self.steps}, {caps})"
+
+
+def open_peers(
+    learner: str,
+    agents: Sequence[str],
+    capabilities: Mapping[str, float],
+    learn_from: Sequence[str] | None = None,
+    capability_gate: float = 0.0,
+) -> list[str]:
+    """The peers ``learner`` learns from at this generation batch, in ``agents`` order (not in the paper).
+
+    A peer is open when it is named in ``learn_from`` (``None``: every other agent; the learner itself is never a
+    peer) and its capability is at least ``capability_gate`` times the learner's: P̂_j >= gate · P̂_k. The gate thus
+    opens and closes by itself as capabilities cross during training; ``capability_gate=0`` keeps every named peer
+    open, 1 opens only peers at least as capable as the learner. A learner with no open peer trains on its own rows
+    alone, as GSPO does. The choice is the learner's only: every agent still shares its own rollouts with all.
+    """
+    agents = list(agents)
+    if learner not in agents:
+        raise ValueError(f"unknown `learner` {learner!r}; agents are {agents}")
+    names = agents if learn_from is None else list(learn_from)
+    unknown = sorted({a for a in names if a not in agents})
+    if unknown:
+        raise ValueError(f"`learn_from` names unknown agent(s) {unknown}; agents are {agents}")
+    if not (isinstance(capability_gate, int | float) and math.isfinite(capability_gate) and capability_gate >= 0):
+        raise ValueError(f"`capability_gate` must be a finite number >= 0, got {capability_gate!r}")
+    missing = [a for a in agents if a not in capabilities]
+    if missing:
+        raise ValueError(f"`capabilities` is missing agents {missing}")
+    own = capabilities[learner]
+    return [a for a in agents if a != learner and a in names and capabilities[a] >= capability_gate * own]
+
+
+def peer_fade_weight(step: int, fade_steps: int) -> float:
+    """The weight of a learner's peer rows after ``step`` optimizer steps: 1 − step / fade_steps, floored at 0 (not
+    in the paper; S2L-PO's progressive annealing back to the learner's own samples, here as a linear fade of the
+    peer rows' advantages). ``fade_steps=0``: no fade (weight 1 throughout). At weight 0 the learner learns from no
+    one (see :func:`open_peers`)."""
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"`step` must be an integer >= 0, got {step!r}")
+    if not isinstance(fade_steps, int) or isinstance(fade_steps, bool) or fade_steps < 0:
+        raise ValueError(f"`peer_fade_steps` must be an integer >= 0, got {fade_steps!r}")
+    if fade_steps == 0:
+        return 1.0
+    return max(0.0, 1.0 - step / fade_steps)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,8 +35,7 @@ SHARED_SETTINGS = (
     "shuffle_dataset",
     "max_completion_length",
     "mask_truncated_completions",  # every learner must mask the same peers' unfinished completions
-    "share_rollouts",
-    "peer_filter",
+    "share_rollouts",  # what a learner trains on (learn_from, capability_gate, peer_fade_steps, peer_filter): its own
     "capability_window",
     "capability_metric",
     "save_strategy",  # agents checkpoint together, so that resuming finds a step every agent saved
@@ -58,6 +58,8 @@ class AgentSpec:
         num_processes: ranks of the launch given to this agent (data-parallel inside the agent only).
         chat_template_kwargs: extra kwargs for this agent's chat template (e.g. ``{"enable_thinking": false}``).
         learning_rate: this agent's learning rate; defaults to the run's.
+        learn_from: whom this agent learns from: ``"all"``, ``"none"``, or a list of agent names (YAML list or
+            ``"a,b"``); defaults to the run's `learn_from`. It still shares its own rollouts with every agent.
         lora: ``peft.LoraConfig`` keyword arguments for LoRA; ``None`` means full fine-tuning.
         output_dir: where this agent's checkpoints and final model go; defaults to ``<run output_dir>/<name>``.
         hub_model_id: Hub repository of this agent (with ``push_to_hub``).
@@ -67,8 +69,9 @@ class AgentSpec:
         vllm_group_port: with ``vllm_mode: server``, the port this agent's rank 0 opens for the weight-sync group
             with its server; defaults to the run's ``vllm_group_port`` (51216). Two agents may share neither a
             server nor a weight-sync port: both are refused at start-up.
-        overrides: any other ``GRPOConfig`` field for this agent only (e.g. ``weight_decay``,
-            ``per_device_train_batch_size``). Sampling and schedule settings must stay equal across agents.
+        overrides: any other ``HACPOConfig`` field for this agent only (e.g. ``weight_decay``,
+            ``per_device_train_batch_size``, ``capability_gate``, ``peer_fade_steps``, ``peer_filter``). Sampling
+            and schedule settings must stay equal across agents.
     """
 
     name: str
@@ -77,6 +80,7 @@ class AgentSpec:
     num_processes: int = 1
     chat_template_kwargs: dict | None = None
     learning_rate: float | None = None
+    learn_from: str | list[str] | None = None
     lora: dict | None = None
     output_dir: str | None = None
     hub_model_id: str | None = None
@@ -94,6 +98,27 @@ class AgentSpec:
             )
         if self.lora is not None and not isinstance(self.lora, dict):
             raise ValueError(f"agent {self.name!r}: `lora` must be a mapping of LoraConfig arguments or null")
+
+
+def parse_learn_from(value: Any, agent_names: list[str], where: str = "`learn_from`") -> list[str] | None:
+    """``learn_from`` as the list of agents named (``None``: all). Accepts ``"all"``, ``"none"``, a comma-separated
+    string of names or a list of names; a name that is not an agent of the run is an error naming it."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
+        return None
+    if isinstance(value, str) and value.strip().lower() == "none":
+        return []
+    if isinstance(value, str):
+        names = [n.strip() for n in value.split(",") if n.strip()]
+        if not names:
+            raise ValueError(f"{where} must be 'all', 'none' or agent names, got {value!r}")
+    elif isinstance(value, list | tuple) and all(isinstance(n, str) for n in value):
+        names = list(value)
+    else:
+        raise ValueError(f"{where} must be 'all', 'none' or a list of agent names, got {value!r}")
+    unknown = [n for n in names if n not in agent_names]
+    if unknown:
+        raise ValueError(f"{where} names unknown agent(s) {unknown}; the run's agents are {agent_names}")
+    return names
 
 
 def agent_output_dir(spec: AgentSpec, run_output_dir: str | None, several: bool) -> str | None:
@@ -212,7 +237,31 @@ class HACPOConfig(GRPOConfig):
             launch, capability logging and saving identical.
         peer_filter (`str`, *optional*, defaults to `"all"`):
             Which peer completions a learner trains on: `"all"` or `"correct"` (reward > 0). Baselines always use the
-            whole joint group.
+            whole joint group of the peers it learns from. May differ per agent (`overrides`).
+        learn_from (`str` or `list[str]`, *optional*, defaults to `"all"`):
+            Whom a learner learns from: `"all"` other agents, `"none"`, or agent names (a YAML list or `"a,b"`; the
+            learner's own name is ignored, so a run-wide `learn_from: [teacher]` makes every other agent learn from
+            `teacher` and `teacher` from no one). Per agent: the `AgentSpec` field `learn_from`. Every agent still
+            shares its own rollouts with all the others: one learner's choice never changes what another receives.
+            A peer not learned from is left out entirely, its rewards included (they do not enter the baseline). A
+            learner with no peer to learn from at a generation batch trains on that batch exactly as GSPO
+            (`share_rollouts: false`, TRL's `GRPOTrainer`) does with the same schedule: the same
+            `per_device_train_batch_size`, `steps_per_generation` and `gradient_accumulation_steps`, hence the same
+            rows per optimizer update and updates per generation batch (its own rows split into
+            `steps_per_generation` mini-batches; with the paper's sharing schedule, 4 updates of 16 rows instead of
+            GSPO's 2 of 32 at `steps_per_generation: 2`). Its advantages are TRL's own group-normalised ones.
+        capability_gate (`float`, *optional*, defaults to `0.0`):
+            Learn from a peer j only while its capability P̂_j is at least `capability_gate` x the learner's P̂_k,
+            checked at every generation batch with P̂ updated by that batch's rewards (the P̂ of the logs and of
+            ω), so sharing switches itself on and off as capabilities cross during training: `1.0`
+            learns only from peers at least as capable, `0.8` also from peers up to 20% weaker; `0` keeps every peer
+            of `learn_from` open. A learner with every peer gated off trains as with `learn_from: none` (GSPO).
+            Logged as `hacpo/learns_from/<peer>` (1 open, 0 closed). May differ per agent (`overrides`).
+        peer_fade_steps (`int`, *optional*, defaults to `0`):
+            Fade the learner's peer rows out over training (S2L-PO's annealing back to on-policy data): at a
+            generation batch starting after t optimizer steps, the peer rows' advantages (hence their objectives)
+            are multiplied by max(0, 1 - t / peer_fade_steps); once that is 0 the learner learns from no one and
+            trains as GSPO (see `learn_from`). `0`: no fade. Logged as `hacpo/peer_weight`. May differ per agent.
         exchange_timeout (`float`, *optional*, defaults to `1800`):
             Seconds a process waits in an exchange for every process of every agent to arrive, once training runs,
             before failing with an error naming the absent ones. Agents exchange once per generation batch, so the
@@ -286,6 +335,15 @@ class HACPOConfig(GRPOConfig):
 
     share_rollouts: bool = field(default=True, metadata={"help": "Share completions between agents."})
     peer_filter: str = field(default="all", metadata={"help": "Peer rows to train on: 'all' or 'correct'."})
+    learn_from: str = field(
+        default="all", metadata={"help": "Whom each agent learns from: 'all', 'none' or agent names 'a,b'."}
+    )
+    capability_gate: float = field(
+        default=0.0, metadata={"help": "Learn from a peer only while P̂_peer >= gate x P̂_learner; 0 = always."}
+    )
+    peer_fade_steps: int = field(
+        default=0, metadata={"help": "Fade the peer rows' weight linearly to 0 over this many steps; 0 = no fade."}
+    )
     exchange_timeout: float = field(default=1800.0, metadata={"help": "Seconds to wait on other agents."})
     exchange_startup_timeout: float = field(
         default=3600.0, metadata={"help": "Seconds to wait on other agents until the first step is done."}
@@ -326,8 +384,13 @@ class HACPOConfig(GRPOConfig):
                     f"`push_to_hub` needs a `hub_model_id` for every agent (each is pushed to its own repository); "
                     f"missing for {missing}"
                 )
-        if self.peer_filter not in ("all", "correct"):
-            raise ValueError(f"`peer_filter` must be 'all' or 'correct', got {self.peer_filter!r}")
+        names = [s.name for s in self._specs] if self._specs else ["policy"]
+        parse_learn_from(self.learn_from, names)
+        for spec in self._specs or []:  # every agent's choice, so that every process stops with the same error
+            for where in ("learn_from", "overrides.learn_from"):
+                value = spec.learn_from if where == "learn_from" else spec.overrides.get("learn_from")
+                parse_learn_from(value, names, f"agent {spec.name!r}: `{where}`")
+            self._check_learner_settings({**vars(self), **spec.overrides}, f"agent {spec.name!r}: ")
         if self.importance_sampling_level != "sequence" and self.share_rollouts:
             raise ValueError(
                 "HACPO's ratio is sequence-level: `importance_sampling_level` must be 'sequence' (other levels only "
@@ -357,6 +420,8 @@ class HACPOConfig(GRPOConfig):
         self.agent_spec = spec
         self.agent_name = spec.name
         self._apply_agent(spec, several=len(specs) > 1)
+        self._check_learner_settings(vars(self))
+        self.learn_from = self._canonical_learn_from([s.name for s in specs])
         super().__post_init__()
         if self.share_rollouts:
             self._reject_settings_hacpo_ignores()
@@ -370,7 +435,7 @@ class HACPOConfig(GRPOConfig):
 
     def _apply_agent(self, spec: AgentSpec, several: bool) -> None:
         self.output_dir = agent_output_dir(spec, self.output_dir, several)
-        agent_fields = ("learning_rate", "hub_model_id", "chat_template_kwargs", "model_init_kwargs")
+        agent_fields = ("learning_rate", "learn_from", "hub_model_id", "chat_template_kwargs", "model_init_kwargs")
         for name in agent_fields + ("vllm_server_base_url", "vllm_group_port"):
             value = getattr(spec, name)
             if value is not None:
@@ -383,6 +448,30 @@ class HACPOConfig(GRPOConfig):
             setattr(self, key, value)
         if several and self.run_name in (None, self.output_dir):
             self.run_name = spec.name
+
+    @staticmethod
+    def _check_learner_settings(values: dict, who: str = "") -> None:
+        """The per-learner sharing settings (run-wide or an agent's overrides), each error naming the bad value."""
+        if values.get("peer_filter") not in ("all", "correct"):
+            raise ValueError(f"{who}`peer_filter` must be 'all' or 'correct', got {values.get('peer_filter')!r}")
+        gate = values.get("capability_gate")
+        if isinstance(gate, bool) or not (isinstance(gate, int | float) and math.isfinite(gate) and gate >= 0):
+            raise ValueError(f"{who}`capability_gate` must be a finite number >= 0, got {gate!r}")
+        fade = values.get("peer_fade_steps")
+        if isinstance(fade, bool) or not isinstance(fade, int) or fade < 0:
+            raise ValueError(f"{who}`peer_fade_steps` must be an integer >= 0, got {fade!r}")
+
+    def _canonical_learn_from(self, agent_names: list[str]) -> str:
+        """This agent's `learn_from` as ``"all"``, ``"none"`` or ``"a,b"`` (a YAML list becomes a string), checked."""
+        names = parse_learn_from(self.learn_from, agent_names)
+        if names is None:
+            return "all"
+        names = [n for n in names if n != self.agent_name]
+        return ",".join(names) if names else "none"
+
+    def learn_from_agents(self) -> list[str] | None:
+        """The agents this learner may learn from (``None``: all of them)."""
+        return parse_learn_from(self.learn_from, [s.name for s in self.specs])
 
     def _check_save_steps(self) -> None:
         """Checkpoints only between generation batches: TRL does not save its position inside a generation batch,

@@ -18,6 +18,7 @@ __all__ = [
     "OptimizerTimer",
     "capability_metrics",
     "exchange_metrics",
+    "learns_from_metrics",
     "loss_metric_sums",
     "loss_metrics",
     "peer_ratio_metrics",
@@ -90,6 +91,14 @@ def capability_metrics(
     metrics = {f"hacpo/capability/{agent}": capabilities[agent] for agent in step_rewards}
     metrics.update({f"hacpo/reward/{agent}": sum(r) / len(r) for agent, r in step_rewards.items()})
     metrics.update({f"hacpo/omega/{agent}": omega for agent, omega in omegas.items()})
+    return metrics
+
+
+def learns_from_metrics(learner: str, agents: list[str], open_peers: list[str], weight: float) -> dict[str, float]:
+    """Which peers the learner learns from at this generation batch: 1 open, 0 closed (`learn_from`,
+    `capability_gate`), and the weight of its peer rows (`peer_fade_steps`)."""
+    metrics = {f"hacpo/learns_from/{a}": float(a in open_peers) for a in agents if a != learner}
+    metrics["hacpo/peer_weight"] = weight
     return metrics
 
 

@@ -24,8 +24,8 @@ PAPER = {  # TRL's card cites it (`GRPOTrainer._paper`)
 
 CARD_SETTINGS = (
     "alpha", "peer_delta", "peer_delta_step", "capability_window", "capability_baseline", "capability_coefficient",
-    "peer_clipping", "naive", "peer_filter", "epsilon", "epsilon_high", "num_generations", "learning_rate",
-    "temperature", "max_completion_length", "beta",
+    "peer_clipping", "naive", "peer_filter", "learn_from", "capability_gate", "peer_fade_steps", "epsilon",
+    "epsilon_high", "num_generations", "learning_rate", "temperature", "max_completion_length", "beta",
 )  # fmt: skip
 
 

@@ -118,15 +118,20 @@ def build_peer_rows(
     capabilities: Mapping[str, float],
     settings,
     tokenizer,
+    peer_weight: float = 1.0,
 ) -> PeerRows:
     """The peer rows for this process's self rows (``prompt_ids`` and ``rewards``, NaN = unscorable).
 
-    Every other agent's record of one of these prompts is a candidate (in ``agent_names`` order, then record order).
+    Every record of one of these prompts by an agent of ``agent_names`` other than the learner is a candidate (in
+    ``agent_names`` order, then record order): pass the learner and the peers it learns from (``learn_from``,
+    ``capability_gate``); other agents' rows stay out of its joint groups, rewards included.
     A candidate with a non-finite reward or old log-prob is rejected. Advantages are
     :func:`~hacpo_trl.algorithm.capability_aware_advantages` over each prompt's joint group of finite rewards, self
     rows included (a self row with a NaN reward gets 0). Then ``peer_filter="correct"`` drops peer rows without a
     positive reward (after the advantages, so they still count in the baseline), and each remaining text is
-    re-tokenized by :func:`~hacpo_trl.retokenize.peer_completion_ids` (``None``: rejected).
+    re-tokenized by :func:`~hacpo_trl.retokenize.peer_completion_ids` (``None``: rejected). ``peer_weight``
+    multiplies the peer rows' advantages, so their objectives (the peer term is linear in A), after the baseline:
+    the fade of ``peer_fade_steps`` (:func:`~hacpo_trl.algorithm.peer_fade_weight`).
     """
     mine = set(prompt_ids)
     out = PeerRows()
@@ -178,7 +183,7 @@ def build_peer_rows(
         ).float()
     out.self_advantages = torch.zeros(len(prompt_ids))
     out.self_advantages[self_index] = advantages[: len(self_index)]
-    peer_adv = advantages[len(self_index) :]
+    peer_adv = advantages[len(self_index) :] * peer_weight
 
     # re-tokenize the peer rows we train on
     eos = tokenizer.eos_token_id

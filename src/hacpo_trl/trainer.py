@@ -35,7 +35,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
 from . import checkpoints, metrics
-from .algorithm import CapabilityTracker
+from .algorithm import CapabilityTracker, open_peers, peer_fade_weight
 from .config import HACPOConfig
 from .exchange import (
     PROMPT_ID_COLUMN,
@@ -161,10 +161,14 @@ class HACPOTrainer(GRPOTrainer):
 
     @torch.no_grad()
     def _own_old_logps(self, batch: dict) -> torch.Tensor:
-        """The old per-token log-probs of this process's completions: TRL's when it computed them, else ours."""
+        """The old per-token log-probs of this process's completions: TRL's when it computed them, else ours. Ours
+        leave the RNG as they found it (a model with dropout would draw from it), so that generation afterwards
+        samples as in TRL's own run: an agent that learns from no one stays exactly GSPO."""
         if "old_per_token_logps" in batch:
             return batch["old_per_token_logps"]
-        with self._timed("old_logps"):
+        device = self.accelerator.device
+        devices = [] if device.type == "cpu" else [device.index or 0]
+        with self._timed("old_logps"), torch.random.fork_rng(devices=devices, device_type=device.type):
             prompt_completion = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
             attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
             logps, _, _ = self._get_per_token_logps_and_entropies(
@@ -187,10 +191,9 @@ class HACPOTrainer(GRPOTrainer):
         rewards = own_rewards(per_func, self.reward_weights, process, len(inputs))  # NaN = unscorable
         columns = add_self_columns(batch, self._own_old_logps(batch), rewards, self.eos_token_ids)
         if mode == "eval" or len(self.agent_names) == 1 or not self.args.share_rollouts:
-            batch["advantages"] = torch.nan_to_num(batch["advantages"], nan=0.0)
             if len(self.agent_names) > 1 and mode == "train":
                 self._exchange_capabilities(rewards)
-            return batch
+            return self._own_rows_only(batch)
 
         texts = [completion_text(c) for c in self._captured["completions"]]
         prompt_ids = [x[PROMPT_ID_COLUMN] for x in inputs]
@@ -201,8 +204,35 @@ class HACPOTrainer(GRPOTrainer):
         exchange_time = time.perf_counter() - start
         check_same_prompts(records, self.agent, self.state.global_step)
         by_agent = self._update_capability(records, mode)
-
+        peers = self._open_peers(mode)
+        if not peers:  # learns from no one at this batch: GSPO's own batch (its records were still shared)
+            self._log(mode, metrics.peer_row_metrics([0, 0, 0, 0]))
+            return self._own_rows_only(batch)
+        by_agent = {agent: by_agent[agent] for agent in (self.agent, *peers) if agent in by_agent}
         return self._add_peer_rows(batch, records, prompt_ids, rewards, by_agent, exchange_time, mode)
+
+    @staticmethod
+    def _own_rows_only(batch: dict) -> dict:
+        """TRL's batch of the learner's own rows, with TRL's advantages: what GSPO trains on."""
+        batch["advantages"] = torch.nan_to_num(batch["advantages"], nan=0.0)
+        return batch
+
+    def _open_peers(self, mode: str) -> list[str]:
+        """The peers this learner learns from at this batch (`learn_from`, `capability_gate`, and none once
+        `peer_fade_steps` has faded them out); logs each as ``hacpo/learns_from/<peer>`` (1 open, 0 closed)."""
+        caps = self.capability.capabilities()
+        chosen = self.args.learn_from_agents()
+        peers = open_peers(self.agent, self.agent_names, caps, chosen, self.args.capability_gate)
+        if self._peer_weight() == 0:
+            peers = []
+        self._log(mode, metrics.learns_from_metrics(self.agent, self.agent_names, peers, self._peer_weight()))
+        return peers
+
+    def _peer_weight(self) -> float:
+        """The fade of the peer rows' advantages at this generation batch (1 without `peer_fade_steps`)."""
+        if not self.model.training:
+            return 1.0
+        return peer_fade_weight(self.state.global_step, self.args.peer_fade_steps)
 
     def _exchange_capabilities(self, rewards: torch.Tensor) -> None:
         """Without sharing, agents still exchange rewards so every log shows every agent's capability."""
@@ -229,7 +259,10 @@ class HACPOTrainer(GRPOTrainer):
         batch.pop("old_per_token_logps", None)  # HACPO's loss uses per-sequence old log-probs (hacpo_old_mean_logp)
         records = [r for agent_records in by_agent.values() for r in agent_records]
         caps, tokenizer = self.capability.capabilities(), self._tokenizer
-        rows = build_peer_rows(prompt_ids, rewards, records, self.agent, self.agent_names, caps, self.args, tokenizer)
+        learners_view = [a for a in self.agent_names if a in by_agent]  # the learner and the peers it learns from
+        rows = build_peer_rows(
+            prompt_ids, rewards, records, self.agent, learners_view, caps, self.args, tokenizer, self._peer_weight()
+        )
         prompt_tokens = self_prompt_tokens(prompt_ids, batch["prompt_ids"], batch["prompt_mask"])
         pad_id = self._tokenizer.pad_token_id
         batch = append_peer_rows(batch, rows, prompt_tokens, prompt_ids, self.args.steps_per_generation, pad_id)

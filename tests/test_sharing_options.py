@@ -1,0 +1,393 @@
+"""Sharing options that protect a learner: whom it learns from (`learn_from`) and the capability gate
+(`capability_gate`). Hand-worked unit tests of the pure pieces, then real two-agent launches on CPU."""
+
+import pytest
+import torch
+
+from hacpo_trl import HACPOConfig
+from hacpo_trl.algorithm import (
+    CapabilityTracker,
+    HACPOLossConfig,
+    capability_aware_advantages,
+    hacpo_loss,
+    open_peers,
+    peer_fade_weight,
+)
+from hacpo_trl.config import parse_learn_from
+from hacpo_trl.exchange import RolloutBatch
+from hacpo_trl.metrics import learns_from_metrics
+from hacpo_trl.peer_rows import build_peer_rows
+from test_peer_rows import BPE, CAPS, SELF_IDS, SELF_REWARDS, records, settings
+
+COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False)
+AGENTS = ["A", "B", "C"]
+
+
+# ------------------------------------------------------------------------------------------ whom to learn from
+
+
+def test_open_peers_by_hand():
+    caps = {"A": 0.5, "B": 0.25, "C": 0.75}  # the learner A sits between a weaker B and a stronger C
+    assert open_peers("A", AGENTS, caps) == ["B", "C"]  # default: every other agent, never itself
+    assert open_peers("A", AGENTS, caps, ["C"]) == ["C"]
+    assert open_peers("A", AGENTS, caps, []) == []  # learns from no one
+    assert open_peers("A", AGENTS, caps, ["A", "B"]) == ["B"]  # its own name is not a peer
+    # gate: P̂_j >= gate x P̂_A = gate x 0.5
+    assert open_peers("A", AGENTS, caps, None, 0.5) == ["B", "C"]  # 0.25 >= 0.25: open at the boundary
+    assert open_peers("A", AGENTS, caps, None, 0.6) == ["C"]  # 0.25 < 0.3
+    assert open_peers("A", AGENTS, caps, None, 1.0) == ["C"]  # only peers at least as capable
+    assert open_peers("A", AGENTS, caps, None, 1.5) == ["C"]  # 0.75 >= 0.75
+    assert open_peers("A", AGENTS, caps, None, 2.0) == []
+    assert open_peers("A", AGENTS, caps, ["B"], 1.0) == []  # both conditions must hold
+    # the strongest learner with gate 1 learns from no one, the weakest from everyone
+    assert open_peers("C", AGENTS, caps, None, 1.0) == []
+    assert open_peers("B", AGENTS, caps, None, 1.0) == ["A", "C"]
+
+
+def test_gate_switches_as_capabilities_cross():
+    """Window K = 2, gate 1: the gate follows P̂ as it crosses, for each learner in opposite directions."""
+    tracker = CapabilityTracker(["A", "B"], window=2)
+    rewards = [
+        ([1, 1, 1, 0], [1, 0, 0, 0]),  # P̂_A = 0.75, P̂_B = 0.25
+        ([1, 0, 0, 0], [1, 1, 1, 1]),  # P̂_A = (0.75 + 0.25) / 2 = 0.5, P̂_B = (0.25 + 1) / 2 = 0.625
+        ([1, 1, 1, 1], [0, 0, 0, 0]),  # P̂_A = (0.25 + 1) / 2 = 0.625, P̂_B = (1 + 0) / 2 = 0.5
+    ]
+    opened = []
+    for a, b in rewards:
+        caps = tracker.update({"A": a, "B": b})
+        opened.append((open_peers("A", ["A", "B"], caps, None, 1.0), open_peers("B", ["A", "B"], caps, None, 1.0)))
+    assert tracker.capabilities() == pytest.approx({"A": 0.625, "B": 0.5})  # a 0 step counts as the floor 1e-8
+    assert opened == [([], ["A"]), (["B"], []), ([], ["A"])]
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (("Z", AGENTS, {"A": 1, "B": 1, "C": 1}), r"unknown `learner` 'Z'"),
+        (("A", AGENTS, {"A": 1, "B": 1, "C": 1}, ["B", "D"]), r"unknown agent\(s\) \['D'\]"),
+        (("A", AGENTS, {"A": 1, "B": 1, "C": 1}, None, -0.1), r"`capability_gate` .* got -0.1"),
+        (("A", AGENTS, {"A": 1, "B": 1, "C": 1}, None, float("nan")), "capability_gate"),
+        (("A", AGENTS, {"A": 1, "B": 1}), r"missing agents \['C'\]"),
+    ],
+)
+def test_open_peers_bad_input(args, match):
+    with pytest.raises(ValueError, match=match):
+        open_peers(*args)
+
+
+def test_learns_from_metric():
+    expected = {"hacpo/learns_from/B": 0.0, "hacpo/learns_from/C": 1.0, "hacpo/peer_weight": 0.5}
+    assert learns_from_metrics("A", AGENTS, ["C"], 0.5) == expected
+
+
+# ------------------------------------------------------------------------------------------ fading peers out
+
+
+def test_peer_fade_weight_by_hand():
+    assert [peer_fade_weight(t, 8) for t in (0, 2, 4, 6, 8, 12)] == [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
+    assert peer_fade_weight(0, 0) == peer_fade_weight(10**6, 0) == 1.0  # 0: no fade
+    for bad in ((-1, 4), (1.5, 4), (1, -2), (1, 2.0), (True, 4)):
+        with pytest.raises(ValueError, match="must be an integer >= 0"):
+            peer_fade_weight(*bad)
+
+
+def test_faded_peer_rows_keep_the_baseline_and_scale_the_peer_objective():
+    every = build_peer_rows(SELF_IDS, SELF_REWARDS, records(), "A", AGENTS, CAPS, settings(), BPE)
+    half = build_peer_rows(SELF_IDS, SELF_REWARDS, records(), "A", AGENTS, CAPS, settings(), BPE, peer_weight=0.5)
+    assert half.advantages == pytest.approx([0.5 * a for a in every.advantages], rel=1e-6)
+    assert torch.equal(half.self_advantages, every.self_advantages)  # the learner's own rows are untouched
+    assert half.completion_ids == every.completion_ids and half.valid == every.valid
+    # by hand, one peer row with s = 0.9 in the band [0.8, 1], ω = 2, α = 1: objective A·ω·s·s = 1.62·A, so
+    # halving A halves the loss: -(1.62 x 1.0) -> -(1.62 x 0.5)
+    logps = torch.full((1, 2), -1.0 + torch.tensor(0.9).log().item(), requires_grad=True)
+    args = (torch.ones(1, 2), torch.tensor([-1.0]))
+    kwargs = dict(omega=torch.tensor([2.0]), config=HACPOLossConfig())
+    full = hacpo_loss(logps, *args, torch.tensor([1.0]), torch.tensor([True]), **kwargs).loss
+    faded = hacpo_loss(logps, *args, torch.tensor([0.5]), torch.tensor([True]), **kwargs).loss
+    assert float(full) == pytest.approx(-1.62, rel=1e-5) and float(faded) == pytest.approx(-0.81, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [(None, None), ("all", None), ("ALL", None), ("none", []), ("B", ["B"]), ("B, C", ["B", "C"]), (["C"], ["C"]),
+     ([], [])],
+)  # fmt: skip
+def test_parse_learn_from(value, expected):
+    assert parse_learn_from(value, AGENTS) == expected
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [("B,D", r"unknown agent\(s\) \['D'\]; the run's agents are \['A', 'B', 'C'\]"), (",", "got ','"),
+     (3, "got 3"), ([1], r"got \[1\]")],
+)  # fmt: skip
+def test_parse_learn_from_errors_name_the_value(value, match):
+    with pytest.raises(ValueError, match=match):
+        parse_learn_from(value, AGENTS)
+
+
+# ------------------------------------------------------------------------------------------ config
+
+
+def test_learn_from_and_gate_resolve_per_agent(tmp_path):
+    cfg = HACPOConfig(output_dir=str(tmp_path), agents={"solo": {"learn_from": "none"}}, **COMMON)
+    assert cfg.learn_from == "none" and cfg.learn_from_agents() == []
+    cfg = HACPOConfig(output_dir=str(tmp_path), agents={"solo": {"learn_from": ["solo"]}}, **COMMON)
+    assert cfg.learn_from == "none"  # its own name is not a peer
+    cfg = HACPOConfig(output_dir=str(tmp_path), agents={"solo": {}}, learn_from="solo", **COMMON)
+    assert cfg.learn_from == "none"  # run-wide: the teacher named in it learns from no one
+    cfg = HACPOConfig(output_dir=str(tmp_path), agents={"solo": {}}, **COMMON)
+    assert cfg.learn_from == "all" and cfg.learn_from_agents() is None and cfg.capability_gate == 0.0
+    overrides = {"capability_gate": 0.9, "peer_filter": "correct"}
+    cfg = HACPOConfig(output_dir=str(tmp_path), agents={"solo": {"overrides": overrides}}, **COMMON)
+    assert cfg.capability_gate == 0.9 and cfg.peer_filter == "correct"
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"agents": {"solo": {"learn_from": ["teacher"]}}}, r"agent 'solo': `learn_from` names unknown .*'teacher'"),
+        ({"agents": {"solo": {"overrides": {"learn_from": "x"}}}}, r"`overrides.learn_from` names unknown .*'x'"),
+        ({"agents": {"solo": {}}, "learn_from": "teacher"}, r"`learn_from` names unknown agent\(s\) \['teacher'\]"),
+        ({"agents": {"solo": {}}, "capability_gate": -1.0}, r"`capability_gate` must be .* got -1.0"),
+        ({"agents": {"solo": {"overrides": {"capability_gate": "high"}}}}, r"agent 'solo': `capability_gate`.*'high'"),
+        ({"agents": {"solo": {"overrides": {"peer_filter": "best"}}}}, r"agent 'solo': `peer_filter` .* 'best'"),
+        ({"peer_fade_steps": -3}, r"`peer_fade_steps` must be an integer >= 0, got -3"),
+        ({"agents": {"solo": {"overrides": {"peer_fade_steps": 2.5}}}}, r"agent 'solo': `peer_fade_steps` .* 2.5"),
+    ],
+)
+def test_bad_sharing_options_are_refused_naming_the_value(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        HACPOConfig(output_dir=str(tmp_path), **kwargs, **COMMON)
+
+
+def test_learner_choices_need_not_be_equal_across_agents():
+    from hacpo_trl.config import SHARED_SETTINGS
+
+    assert not {"peer_filter", "learn_from", "capability_gate", "peer_fade_steps"} & set(SHARED_SETTINGS)
+    assert "share_rollouts" in SHARED_SETTINGS  # every agent still exchanges at every generation batch
+
+
+# ------------------------------------------------------------------------------------------ peer rows
+
+
+def test_peer_rows_from_the_chosen_peers_only():
+    """Learner A learns from B only: C's rows are neither trained on nor in A's baseline (its joint groups are A's
+    and B's rows alone), exactly as if C were not in the run."""
+    rows = build_peer_rows(SELF_IDS, SELF_REWARDS, records(), "A", ["A", "B"], CAPS, settings(), BPE)
+    assert rows.sources == ["B", "B"] and rows.prompt_ids == ["p0", "p0"]
+    without_c = [r for r in records() if r.agent != "C"]
+    alone = build_peer_rows(SELF_IDS, SELF_REWARDS, without_c, "A", ["A", "B", "C"], CAPS, settings(), BPE)
+    assert rows.advantages == alone.advantages and torch.equal(rows.self_advantages, alone.self_advantages)
+    # by hand, p0: A [1, 0], B [1, 0] scaled by ω(A, B) = 1/3: μ̂ = (1 + 0 + 1/3 + 0) / 4, σ = std([1, 0, 1, 0])
+    joint = capability_aware_advantages([1.0, 0.0, 1.0, 0.0], ["A", "A", "B", "B"], ["p0"] * 4, "A", CAPS).float()
+    mu, sigma = (4 / 3) / 4, torch.tensor([1.0, 0.0, 1.0, 0.0]).std().item()
+    assert joint.tolist() == pytest.approx([(1 - mu) / (sigma + 1e-6), -mu / (sigma + 1e-6)] * 2, rel=1e-6)
+    assert rows.advantages == joint[2:].tolist()
+    assert rows.self_advantages[:2].tolist() == joint[:2].tolist()
+
+
+def test_a_learners_choice_never_changes_what_another_receives():
+    """B's peer rows come from the records every agent shares; A learning from no one does not remove A's record
+    (the trainer still sends it), so what B builds is the same whatever A chose."""
+    shared = records()  # A's own record is among them whether A learns from anyone or not
+    b_ids = ["p0", "p0"]
+    b_rewards = torch.tensor([1.0, 0.0])
+    caps = {"A": 0.25, "B": 0.75, "C": 0.5}
+    b_rows = build_peer_rows(b_ids, b_rewards, shared, "B", AGENTS, caps, settings(), BPE)
+    assert b_rows.sources.count("A") == 2  # A's two p0 completions reach B
+    own_b = RolloutBatch("B", 1, 3, b_ids, ["x", "y"], [1.0, 0.0], [-0.5, -0.5], [1, 1], [True, True])
+    a_rows = build_peer_rows(SELF_IDS, SELF_REWARDS, [shared[0], own_b], "A", ["A"], CAPS, settings(), BPE)
+    assert len(a_rows) == 0  # A learns from no one ...
+    again = build_peer_rows(b_ids, b_rewards, shared, "B", AGENTS, caps, settings(), BPE)
+    assert again.completion_ids == b_rows.completion_ids and again.advantages == b_rows.advantages  # ... B unchanged
+
+
+# ------------------------------------------------------------------------------------------ through the trainer
+
+
+def _metric(summary: dict, key: str) -> list:
+    return [entry[key] for entry in summary["log_history"] if key in entry]
+
+
+def _has_digit(completions, **kwargs):  # the launched agents' reward (tests/scripts/train_agents.py)
+    return [1.0 if any(ch.isdigit() for ch in c[0]["content"]) else 0.0 for c in completions]
+
+
+def _trl_gspo(base: str, out, steps: int):
+    """TRL's own `GRPOTrainer` with GSPO settings and the launched agents' schedule (train_agents.py)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    prompts = [[{"role": "user", "content": f"{a}+{b}="}] for a in range(4) for b in range(4)]
+    dataset = Dataset.from_dict({"prompt": prompts, "answer": [str(a + b) for a in range(4) for b in range(4)]})
+    args = GRPOConfig(
+        output_dir=str(out), importance_sampling_level="sequence", loss_type="grpo", epsilon=3e-4, epsilon_high=4e-4,
+        num_generations=2, steps_per_generation=2, per_device_train_batch_size=4, max_completion_length=8,
+        max_steps=steps, learning_rate=0.2, lr_scheduler_type="constant", seed=0, logging_steps=1,
+        save_strategy="no", **COMMON,
+    )  # fmt: skip
+    tok = AutoTokenizer.from_pretrained(base, padding_side="left")
+    trainer = GRPOTrainer(model=base, reward_funcs=_has_digit, args=args, train_dataset=dataset, processing_class=tok)
+    trainer.train()
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def learns_from_none(tmp_path_factory):
+    """llama0 learns from no one, qwen1 from llama0: 8 optimizer steps, 4 generation batches of 2 updates."""
+    from conftest import accelerate_launch, summaries
+
+    out = tmp_path_factory.mktemp("learns_from_none")
+    proc = accelerate_launch(
+        2,
+        "train_agents.py",
+        "--out",
+        str(out),
+        "--steps",
+        "8",
+        "--learning_rate",
+        "0.2",
+        "--record_peers",
+        "--override",
+        '0:learn_from="none"',
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return out, summaries(out)
+
+
+@pytest.mark.timeout(900)
+def test_an_agent_that_learns_from_no_one_trains_exactly_as_gspo(learns_from_none, tmp_path):
+    """Same schedule = the agent's own per_device_train_batch_size, steps_per_generation and gradient accumulation
+    (here 4 rows per update, 2 updates per generation batch, 8 updates): the parameters after training equal TRL's
+    GSPO run from the same base model with the same seed, although its peer learned from its rollouts all along."""
+    from transformers import AutoModelForCausalLM
+
+    out, (llama, qwen) = learns_from_none
+    assert _metric(llama, "hacpo/learns_from/qwen1") == [0.0] * 4 and _metric(llama, "hacpo/peer_rows") == [0] * 4
+    assert llama["peer_rows_here"] == []  # no peer row was ever built for it
+    assert _metric(qwen, "hacpo/learns_from/llama0") == [1.0] * 4
+    assert _metric(qwen, "hacpo/peer_rows") == [8] * 4  # all of llama0's completions: 4 prompts x 2
+    assert _metric(llama, "hacpo/capability/qwen1") == _metric(qwen, "hacpo/capability/qwen1")  # still exchanged
+
+    reference = _trl_gspo(llama["base"], tmp_path, steps=8)
+    trained = AutoModelForCausalLM.from_pretrained(out / "llama0")
+    base = AutoModelForCausalLM.from_pretrained(llama["base"])
+    moved = 0
+    for (name, a), (_, b), (_, start) in zip(
+        trained.named_parameters(), reference.model.named_parameters(), base.named_parameters(), strict=True
+    ):
+        moved += not torch.equal(a, start)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    assert moved > 0  # trained models are compared, not two copies of the base
+    assert any(e.get("clip_ratio/region_mean", 0) > 0 for e in reference.state.log_history)  # the clip acted
+    trl_losses = [e["loss"] for e in reference.state.log_history if "loss" in e]
+    assert _metric(llama, "loss") == pytest.approx(trl_losses, rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.timeout(900)
+def test_gate_and_fade_through_the_trainer_and_others_receive_the_same(learns_from_none, tmp_path, launch):
+    """llama0 gated at 1.0 (learns from qwen1 only while P̂_qwen1 >= P̂_llama0): each generation batch it learns from
+    qwen1 exactly when the logged capabilities say so, and builds no peer row otherwise. qwen1 fades its peer rows
+    out over 4 steps. qwen1's first peer rows (llama0's first completions in qwen1's tokens) are the same whether
+    llama0 learns from no one or is gated."""
+    from conftest import summaries
+
+    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--record_peers",
+           "--override", "0:capability_gate=1.0", "--override", "1:peer_fade_steps=4")  # fmt: skip
+    llama, qwen = summaries(tmp_path)
+    caps = zip(_metric(llama, "hacpo/capability/llama0"), _metric(llama, "hacpo/capability/qwen1"), strict=True)
+    expected = [float(q >= a) for a, q in caps]
+    assert len(expected) == 4 and _metric(llama, "hacpo/learns_from/qwen1") == expected
+    assert [n > 0 for n in _metric(llama, "hacpo/peer_rows")] == [bool(e) for e in expected]
+    # qwen1 fades llama0's rows out over 4 optimizer steps: generation batches start at steps 0, 2, 4, 6
+    assert _metric(qwen, "hacpo/peer_weight") == [1.0, 0.5, 0.0, 0.0]
+    assert _metric(qwen, "hacpo/learns_from/llama0") == [1.0, 1.0, 0.0, 0.0]
+    assert _metric(qwen, "hacpo/peer_rows") == [8, 8, 0, 0]
+    _, (_, qwen_none) = learns_from_none
+    assert qwen["peers"]["rows"] == qwen_none["peers"]["rows"] and len(qwen["peers"]["rows"]) == 8
+
+
+def test_options_are_recipe_settings(tmp_path):
+    """YAML keys (run-wide, per agent) and command-line flags, parsed as `hacpo-train` parses a recipe."""
+    from trl import TrlParser
+
+    from hacpo_trl.train import HACPOScriptArguments, check_recipe, load_recipe
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "agents:\n"
+        "  - name: solo\n"
+        "    model_name_or_path: unused\n"
+        "    learn_from: [solo]\n"
+        "    overrides: {peer_filter: correct}\n"
+        "capability_gate: 0.9\n"
+        f"output_dir: {tmp_path / 'out'}\n"
+        "use_cpu: true\nbf16: false\nreport_to: none\n"
+    )
+    check_recipe(load_recipe(str(recipe)))
+    parser = TrlParser((HACPOScriptArguments, HACPOConfig))
+    _, cfg = parser.parse_args_and_config(["--config", str(recipe)])
+    assert (cfg.learn_from, cfg.capability_gate, cfg.peer_filter) == ("none", 0.9, "correct")
+    _, cfg = parser.parse_args_and_config(["--config", str(recipe), "--capability_gate", "0.5"])
+    assert cfg.capability_gate == 0.5
+    recipe.write_text(recipe.read_text().replace("    learn_from: [solo]\n", "") + "learn_from: all\n")
+    _, cfg = parser.parse_args_and_config(["--config", str(recipe), "--learn_from", "none"])
+    assert cfg.learn_from == "none"
+    recipe.write_text(recipe.read_text().replace("learn_from: all\n", "learn_from: [solo]\n"))  # a YAML list
+    _, cfg = parser.parse_args_and_config(["--config", str(recipe)])
+    assert cfg.learn_from == "none"
+
+
+@pytest.mark.timeout(900)
+def test_a_two_process_agent_that_learns_from_no_one(tmp_path, launch):
+    """The learn-from-none path on an agent of 2 data-parallel ranks: both ranks take it together (the capability
+    every decision reads is the same on all ranks), so no collective of the agent's world is left waiting. The
+    other agent filters its peer rows (`peer_filter` differs per agent: no longer refused at start-up)."""
+    from conftest import summaries
+
+    launch(3, "train_agents.py", "--agents", "llama:2,qwen:1", "--out", str(tmp_path), "--steps", "4",
+           "--override", '0:learn_from="none"', "--override", '1:peer_filter="correct"')  # fmt: skip
+    runs = summaries(tmp_path)
+    llama, qwen = [s for s in runs if s["agent"] == "llama0"], [s for s in runs if s["agent"] == "qwen1"]
+    assert len(llama) == 2 and llama[0]["param_sum"] == llama[1]["param_sum"]  # DDP kept the ranks together
+    for s in llama:
+        assert s["trainable_changed"] == s["trainable"] and s["peer_rows_here"] == []
+        assert _metric(s, "hacpo/learns_from/qwen1") == [0.0, 0.0]
+    # both llama0 ranks' completions still reach qwen1, which (its own peer_filter) trains on the correct ones only
+    kept, filtered = _metric(qwen[0], "hacpo/peer_rows"), _metric(qwen[0], "hacpo/peer_rows_filtered")
+    assert [k + f for k, f in zip(kept, filtered, strict=True)] == [8, 8] and sum(filtered) > 0
+
+
+def test_own_old_logps_leave_the_rng_untouched(tmp_path):
+    """With one update per generation batch TRL computes no old log-probs, so HACPO runs a forward of its own for
+    the records it shares; with dropout that forward draws random numbers, and the generations after it would no
+    longer be GSPO's. It must leave the RNG as it found it."""
+    from datasets import Dataset
+
+    from hacpo_trl import HACPOTrainer
+    from hacpo_trl.tiny import char_tokenizer, tiny_llama
+
+    tok = char_tokenizer()
+    model = tiny_llama(tok, seed=1)
+    for module in model.modules():
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.5
+    args = HACPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, **COMMON)
+    trainer = HACPOTrainer(
+        model=model, reward_funcs=_has_digit, args=args, train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 2}),
+        processing_class=tok,
+    )  # fmt: skip
+    trainer.model.train()
+    ids = torch.tensor([[5, 6, 7], [6, 7, 8]])
+    batch = {"prompt_ids": ids, "prompt_mask": torch.ones_like(ids), "completion_ids": ids, "completion_mask": ids > 0}
+    batch["completion_mask"] = batch["completion_mask"].long()
+    state = torch.get_rng_state()
+    first = trainer._own_old_logps(batch)
+    assert torch.equal(torch.get_rng_state(), state)
+    second = trainer._own_old_logps(batch)
+    torch.testing.assert_close(first, second)  # the same draws: the RNG did not move
+    with torch.no_grad():  # the same forward without the guard does draw (the test would catch a missing one)
+        trainer._get_per_token_logps_and_entropies(trainer.model, torch.cat([ids, ids], 1), torch.ones(2, 6), 3)
+    assert not torch.equal(torch.get_rng_state(), state)
