@@ -22,14 +22,13 @@ splits digits differently from the in-memory tokenizer it was built from.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
+from .cache import cache_folder
 from .tasks import task_splits
 from .tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
 
@@ -74,17 +73,6 @@ PAIRS = {
     "size": ("trace-large", "trace-small"),
     "model": ("trace-llama", "trace-qwen2"),
 }
-
-
-def cache_root() -> str:
-    return os.environ.get("HACPO_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "hacpo-trl"))
-
-
-def cache_folder(name: str, spec, version: int, directory: str | None = None) -> str:
-    """``directory``, or the cache folder of a built-in model: named after its spec, so a changed spec (or a bumped
-    ``version``) is built anew instead of reusing an old folder."""
-    payload = json.dumps({"name": name, **asdict(spec), "v": version}, sort_keys=True).encode()
-    return directory or os.path.join(cache_root(), f"{name}-{hashlib.sha1(payload).hexdigest()[:10]}")
 
 
 def _encode(tok, example) -> tuple[list[int], list[int]]:

@@ -15,6 +15,7 @@ import sys
 import yaml
 
 from .plan import DATASET_ROWS, Launch, ModelDims, format_plan, launch_from_accelerate, launch_from_env, make_plan
+from .recipe import RecipeError, check_recipe, load_recipe
 
 __all__ = ["main", "model_config"]
 
@@ -80,28 +81,8 @@ def _dataset_rows(recipe: dict) -> int | None:
     return DATASET_ROWS.get(recipe.get("dataset_name"))
 
 
-def _overrides(rest: list[str]) -> dict:
-    """``--key value`` pairs after the plan's own flags: recipe settings given on the command line."""
-    out, i = {}, 0
-    while i < len(rest):
-        arg = rest[i]
-        if not arg.startswith("--"):
-            raise ValueError(f"unexpected argument {arg!r}")
-        key, _, value = arg[2:].partition("=")
-        if not value:
-            if i + 1 >= len(rest) or rest[i + 1].startswith("--"):
-                value, i = "true", i + 1
-            else:
-                value, i = rest[i + 1], i + 2
-        else:
-            i += 1
-        out[key] = yaml.safe_load(value)
-    return out
-
-
 def main(argv: list[str]) -> int:
     from .config import _as_specs, check_vllm_servers, vllm_servers
-    from .train import RecipeError, check_recipe, load_recipe
 
     parser = argparse.ArgumentParser(prog="hacpo-train --plan", description=__doc__)
     parser.add_argument("--config", required=True, help="the recipe")
@@ -111,7 +92,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dataset_rows", type=int, default=None, help="prompts in the training split")
     args, rest = parser.parse_known_args(argv)
     try:
-        recipe = {**load_recipe(args.config), **_overrides(rest)}
+        recipe = load_recipe(args.config, rest)
         if args.accelerate_config:
             if not os.path.isfile(args.accelerate_config):
                 raise RecipeError(f"accelerate config {args.accelerate_config!r} does not exist")

@@ -92,7 +92,7 @@ def _model_card(name: str, spec: PretrainedModel) -> str:
 
 def build_pretrained(name: str, directory: str | None = None) -> str:
     """The folder of a built-in pretrained model (converted from its package's GGUF on first use)."""
-    from .demo import cache_folder
+    from .cache import cache_folder
 
     if name not in PRETRAINED:
         raise ValueError(f"unknown built-in pretrained model {name!r}; available: {sorted(PRETRAINED)}")

@@ -1,0 +1,22 @@
+"""Where built-in agents and built-in pretrained models are cached: one naming for both, below `demo` and
+`pretrained` so that neither has to import the other for it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict
+
+__all__ = ["cache_folder", "cache_root"]
+
+
+def cache_root() -> str:
+    return os.environ.get("HACPO_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "hacpo-trl"))
+
+
+def cache_folder(name: str, spec, version: int, directory: str | None = None) -> str:
+    """``directory``, or the cache folder of a built-in model: named after its spec, so a changed spec (or a bumped
+    ``version``) is built anew instead of reusing an old folder."""
+    payload = json.dumps({"name": name, **asdict(spec), "v": version}, sort_keys=True).encode()
+    return directory or os.path.join(cache_root(), f"{name}-{hashlib.sha1(payload).hexdigest()[:10]}")
