@@ -309,7 +309,7 @@ def test_gate_and_fade_through_the_trainer_and_others_receive_the_same(learns_fr
     assert qwen["peers"]["rows"] == qwen_none["peers"]["rows"] and len(qwen["peers"]["rows"]) == 8
 
 
-def test_options_are_recipe_settings(tmp_path):
+def test_options_are_recipe_settings(tmp_path, capsys):
     """YAML keys (run-wide, per agent) and command-line flags, parsed as `hacpo-train` parses a recipe."""
     from trl import TrlParser
 
@@ -338,6 +338,10 @@ def test_options_are_recipe_settings(tmp_path):
     recipe.write_text(recipe.read_text().replace("learn_from: all\n", "learn_from: [solo]\n"))  # a YAML list
     _, cfg = parser.parse_args_and_config(["--config", str(recipe)])
     assert cfg.learn_from == "none"
+    from hacpo_trl.train import main
+
+    assert main(["--config", str(recipe), "--learn_from", "solo,teacher"]) == 2  # stops before any model loads
+    assert "hacpo-train: error: `learn_from` names unknown agent(s) ['teacher']" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(900)
