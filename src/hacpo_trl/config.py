@@ -35,7 +35,9 @@ SHARED_SETTINGS = (
     "shuffle_dataset",
     "max_completion_length",
     "mask_truncated_completions",  # every learner must mask the same peers' unfinished completions
-    "share_rollouts",  # what a learner trains on (learn_from, capability_gate, peer_fade_steps, peer_filter): its own
+    # every agent exchanges at every generation batch; whom and what each learns from is its own choice (learn_from,
+    # capability_gate, peer_fade_steps, peer_filter), so those may differ
+    "share_rollouts",
     "capability_window",
     "capability_metric",
     "save_strategy",  # agents checkpoint together, so that resuming finds a step every agent saved
