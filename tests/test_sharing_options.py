@@ -309,7 +309,7 @@ def test_gate_and_fade_through_the_trainer_and_others_receive_the_same(learns_fr
     assert qwen["peers"]["rows"] == qwen_none["peers"]["rows"] and len(qwen["peers"]["rows"]) == 8
 
 
-def test_options_are_recipe_settings(tmp_path):
+def test_options_are_recipe_settings(tmp_path, capsys):
     """YAML keys (run-wide, per agent) and command-line flags, parsed as `hacpo-train` parses a recipe."""
     from trl import TrlParser
 
@@ -338,6 +338,10 @@ def test_options_are_recipe_settings(tmp_path):
     recipe.write_text(recipe.read_text().replace("learn_from: all\n", "learn_from: [solo]\n"))  # a YAML list
     _, cfg = parser.parse_args_and_config(["--config", str(recipe)])
     assert cfg.learn_from == "none"
+    from hacpo_trl.train import main
+
+    assert main(["--config", str(recipe), "--learn_from", "solo,teacher"]) == 2  # stops before any model loads
+    assert "hacpo-train: error: `learn_from` names unknown agent(s) ['teacher']" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(900)
@@ -391,3 +395,25 @@ def test_own_old_logps_leave_the_rng_untouched(tmp_path):
     with torch.no_grad():  # the same forward without the guard does draw (the test would catch a missing one)
         trainer._get_per_token_logps_and_entropies(trainer.model, torch.cat([ids, ids], 1), torch.ones(2, 6), 3)
     assert not torch.equal(torch.get_rng_state(), state)
+
+
+def test_positive_filter_keeps_peer_rows_with_a_positive_advantage():
+    """F-TIS-like: only peer rows the learner's baseline scores above 0. p0 is all-correct (advantage 0 by the
+    uniform-group guard: `correct` keeps B's row, `positive` drops it); in p1, A has [1, 0] and B [1, 0]: with
+    P̂_A = 0.25, P̂_B = 0.75, μ̂ = (1 + 0 + 1/3 + 0) / 4 = 1/3, so B's correct row has A > 0, its wrong one A < 0."""
+    own = RolloutBatch("A", 0, 3, ["p0", "p0", "p1", "p1"], ["o"] * 4, [1.0, 1.0, 1.0, 0.0], [-1.0] * 4, [1] * 4,
+                       [True] * 4)  # fmt: skip
+    peer = RolloutBatch("B", 1, 3, ["p0", "p1", "p1"], ["12", "7", "8"], [1.0, 1.0, 0.0], [-0.5] * 3, [2] * 3,
+                        [True] * 3)  # fmt: skip
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0])
+
+    def rows(kind):
+        return build_peer_rows(SELF_IDS, rewards, [own, peer], "A", ["A", "B"], CAPS, settings(peer_filter=kind), BPE)
+
+    every, correct, positive = rows("all"), rows("correct"), rows("positive")
+    sigma = torch.tensor([1.0, 0.0, 1.0, 0.0]).std().item()
+    assert every.advantages == pytest.approx([0.0, (1 - 1 / 3) / (sigma + 1e-6), -1 / 3 / (sigma + 1e-6)], rel=1e-6)
+    assert (correct.prompt_ids, correct.filtered) == (["p0", "p1"], 1)
+    assert (positive.prompt_ids, positive.filtered) == (["p1"], 2)
+    assert positive.advantages == [every.advantages[1]]
+    assert torch.equal(positive.self_advantages, every.self_advantages)  # the baseline kept every row

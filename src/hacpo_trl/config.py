@@ -35,13 +35,17 @@ SHARED_SETTINGS = (
     "shuffle_dataset",
     "max_completion_length",
     "mask_truncated_completions",  # every learner must mask the same peers' unfinished completions
-    "share_rollouts",  # what a learner trains on (learn_from, capability_gate, peer_fade_steps, peer_filter): its own
+    # every agent exchanges at every generation batch; whom and what each learns from is its own choice (learn_from,
+    # capability_gate, peer_fade_steps, peer_filter), so those may differ
+    "share_rollouts",
     "capability_window",
     "capability_metric",
     "save_strategy",  # agents checkpoint together, so that resuming finds a step every agent saved
     "save_steps",
     "gradient_accumulation_steps",  # save_steps and max_steps count optimizer steps: equal GA keeps agents in step
 )
+
+PEER_FILTERS = ("all", "correct", "positive")
 
 # Fields an agent may not override: they define the run, not the agent.
 _NOT_PER_AGENT = {"agents", "output_dir", "learning_rate", "hub_model_id", "model_init_kwargs", "chat_template_kwargs"}
@@ -236,8 +240,11 @@ class HACPOConfig(GRPOConfig):
             `loss_type` / `importance_sampling_level` pick GRPO, GSPO, ...: the paper's baselines) while keeping the
             launch, capability logging and saving identical.
         peer_filter (`str`, *optional*, defaults to `"all"`):
-            Which peer completions a learner trains on: `"all"` or `"correct"` (reward > 0). Baselines always use the
-            whole joint group of the peers it learns from. May differ per agent (`overrides`).
+            Which peer completions a learner trains on: `"all"`, `"correct"` (reward > 0) or `"positive"` (advantage
+            > 0 for the learner: F-TIS's dropping of off-policy rows with negative advantage, which also drops
+            zero-advantage rows; with 0/1 rewards it is `"correct"` without the correct rows of all-correct
+            groups, which carry no signal). Baselines always use the whole joint group of the peers it learns
+            from. May differ per agent (`overrides`).
         learn_from (`str` or `list[str]`, *optional*, defaults to `"all"`):
             Whom a learner learns from: `"all"` other agents, `"none"`, or agent names (a YAML list or `"a,b"`; the
             learner's own name is ignored, so a run-wide `learn_from: [teacher]` makes every other agent learn from
@@ -334,7 +341,9 @@ class HACPOConfig(GRPOConfig):
     agent_name: str | None = field(default=None, metadata={"help": "Set automatically: this process's agent."})
 
     share_rollouts: bool = field(default=True, metadata={"help": "Share completions between agents."})
-    peer_filter: str = field(default="all", metadata={"help": "Peer rows to train on: 'all' or 'correct'."})
+    peer_filter: str = field(
+        default="all", metadata={"help": "Peer rows to train on: 'all', 'correct' or 'positive' (advantage)."}
+    )
     learn_from: str = field(
         default="all", metadata={"help": "Whom each agent learns from: 'all', 'none' or agent names 'a,b'."}
     )
@@ -452,8 +461,8 @@ class HACPOConfig(GRPOConfig):
     @staticmethod
     def _check_learner_settings(values: dict, who: str = "") -> None:
         """The per-learner sharing settings (run-wide or an agent's overrides), each error naming the bad value."""
-        if values.get("peer_filter") not in ("all", "correct"):
-            raise ValueError(f"{who}`peer_filter` must be 'all' or 'correct', got {values.get('peer_filter')!r}")
+        if values.get("peer_filter") not in PEER_FILTERS:
+            raise ValueError(f"{who}`peer_filter` must be one of {PEER_FILTERS}, got {values.get('peer_filter')!r}")
         gate = values.get("capability_gate")
         if isinstance(gate, bool) or not (isinstance(gate, int | float) and math.isfinite(gate) and gate >= 0):
             raise ValueError(f"{who}`capability_gate` must be a finite number >= 0, got {gate!r}")

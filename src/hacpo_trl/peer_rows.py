@@ -94,7 +94,7 @@ class PeerRows:
     self_advantages: torch.Tensor = field(default_factory=lambda: torch.zeros(0))  # the self rows' (joint) advantages
     rejected: int = 0  # non-finite reward or old log-prob, or nothing left after re-tokenization
     truncated: int = 0  # cut to max_completion_length in the learner's tokens
-    filtered: int = 0  # left out by peer_filter="correct"
+    filtered: int = 0  # left out by peer_filter ("correct" or "positive")
     retokenize_seconds: float = 0.0
 
     def __len__(self) -> int:
@@ -128,7 +128,8 @@ def build_peer_rows(
     A candidate with a non-finite reward or old log-prob is rejected. Advantages are
     :func:`~hacpo_trl.algorithm.capability_aware_advantages` over each prompt's joint group of finite rewards, self
     rows included (a self row with a NaN reward gets 0). Then ``peer_filter="correct"`` drops peer rows without a
-    positive reward (after the advantages, so they still count in the baseline), and each remaining text is
+    positive reward, ``"positive"`` those without a positive advantage (after the advantages, so they still count
+    in the baseline), and each remaining text is
     re-tokenized by :func:`~hacpo_trl.retokenize.peer_completion_ids` (``None``: rejected). ``peer_weight``
     multiplies the peer rows' advantages, so their objectives (the peer term is linear in A), after the baseline:
     the fade of ``peer_fade_steps`` (:func:`~hacpo_trl.algorithm.peer_fade_weight`).
@@ -189,7 +190,7 @@ def build_peer_rows(
     eos = tokenizer.eos_token_id
     start = time.perf_counter()
     for (pid, source, text, reward, old_mean, old_len, term), adv in zip(candidates, peer_adv.tolist(), strict=True):
-        if settings.peer_filter == "correct" and not reward > 0:
+        if (settings.peer_filter == "correct" and not reward > 0) or (settings.peer_filter == "positive" and adv <= 0):
             out.filtered += 1
             continue
         view = peer_completion_ids(tokenizer, text, term, settings.max_completion_length, eos)
