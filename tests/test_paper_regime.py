@@ -22,8 +22,9 @@ def test_builtin_agent_is_warm_started_with_the_tokenizer_it_loads_back_as(name,
     unlike the in-memory BPE tokenizer it was built from)."""
     seen = {}
 
-    def record(model, tok, spec):  # the warm-start's own tokenizer; skip the training itself
+    def record(model, tok, stages):  # the warm-start's own tokenizer; skip the training itself
         seen["tok"] = tok
+        return [{"agent": name, "steps": 0, "validation_accuracy": 0.0, "band": [0, 1]} for name, _ in stages]
 
     monkeypatch.setattr(demo, "_warm_start", record)
     folder = demo.build_agent(name, str(tmp_path / name))
@@ -36,13 +37,84 @@ def test_builtin_agent_is_warm_started_with_the_tokenizer_it_loads_back_as(name,
     assert [seen["tok"](a)["input_ids"] for a in answers] == [loaded(a)["input_ids"] for a in answers]
 
 
+class _ScriptedRun:
+    """A stand-in for the warm-start: validation accuracy is a function of the steps taken."""
+
+    curve = staticmethod(lambda steps: steps / 100)
+
+    def __init__(self, model, tok, spec):
+        self.steps, self.restored = 0, []
+
+    def train(self, steps):
+        self.steps += steps
+
+    def accuracy(self):
+        return self.curve(self.steps)
+
+    def snapshot(self):
+        return {"steps": self.steps}
+
+    def restore(self, saved):
+        self.restored.append(saved["steps"])
+        self.steps = saved["steps"]
+
+
+def _stage(band, max_steps=3000):
+    return demo.DemoAgent("llama", hidden_size=8, layers=1, band=band, seed=0, max_steps=max_steps)
+
+
+def test_warm_start_stops_at_the_first_check_inside_its_band(monkeypatch):
+    monkeypatch.setattr(demo, "_WarmStart", _ScriptedRun)
+    # accuracy = steps / 100, checked every 10 steps: 0.25 (step 25) is never a check, 0.30 (step 30) is
+    (record,) = demo._warm_start(None, None, [("a", _stage((0.25, 0.35)))])
+    assert (record["steps"], record["validation_accuracy"], record["refined"]) == (30, 0.30, False)
+    # a second stage continues the same run from where the first stopped (the state pair)
+    records = demo._warm_start(None, None, [("base", _stage((0.2, 0.25))), ("instruct", _stage((0.5, 0.55)))])
+    assert [(r["agent"], r["steps"], r["band"]) for r in records] == [
+        ("base", 20, [0.2, 0.25]),
+        ("instruct", 50, [0.5, 0.55]),
+    ]
+
+
+def test_warm_start_passing_its_band_between_checks_goes_back_one_check_and_steps_singly(monkeypatch):
+    monkeypatch.setattr(demo, "_WarmStart", _ScriptedRun)
+    # checks at 20 (0.20) and 30 (0.60) jump over [0.4, 0.5]; from 20, one step at a time: 0.45 first at step 25
+    monkeypatch.setattr(
+        _ScriptedRun,
+        "curve",
+        staticmethod(
+            lambda steps: 0.2 if steps <= 20 else min(0.6, 0.45 + (steps - 25) * 0.05) if steps >= 25 else 0.3
+        ),
+    )
+    (record,) = demo._warm_start(None, None, [("a", _stage((0.4, 0.5)))])
+    assert (record["steps"], record["validation_accuracy"], record["refined"]) == (25, 0.45, True)
+    # a band no single step lands in: a clear error naming the agent, its steps and accuracy
+    monkeypatch.setattr(_ScriptedRun, "curve", staticmethod(lambda steps: 0.1 if steps < 25 else 0.9))
+    with pytest.raises(
+        RuntimeError,
+        match=r"'a': the warm-start passed it in one step .* 0\.900 outside its band \[0\.4, 0\.5\] after 25 steps",
+    ):
+        demo._warm_start(None, None, [("a", _stage((0.4, 0.5)))])
+
+
+def test_warm_start_that_reaches_its_step_cap_outside_its_band_fails(monkeypatch):
+    monkeypatch.setattr(demo, "_WarmStart", _ScriptedRun)
+    monkeypatch.setattr(_ScriptedRun, "curve", staticmethod(lambda steps: 0.05))
+    with pytest.raises(RuntimeError, match=r"'a': the warm-start reached the cap of 95 steps .* after 95 steps"):
+        demo._warm_start(None, None, [("a", _stage((0.2, 0.3), max_steps=95))])
+
+
 def test_pairs_name_builtin_agents_of_the_three_kinds():
     agents = demo.BUILTIN_AGENTS
     assert set(demo.PAIRS) == {"state", "size", "model"}
     strong, weak = (agents[n] for n in demo.PAIRS["state"])
     assert (strong.architecture, strong.hidden_size, strong.layers, strong.seed) == (
         weak.architecture, weak.hidden_size, weak.layers, weak.seed,
-    ) and strong.warmup_steps > weak.warmup_steps  # fmt: skip
+    ) and strong.after == demo.PAIRS["state"][1]  # fmt: skip
+    # every pair: one agent's band lies wholly above the other's, and far below 1 (room for RL to improve it)
+    for pair in demo.PAIRS.values():
+        weaker, stronger = sorted(agents[n].band for n in pair)
+        assert weaker[0] <= weaker[1] < stronger[0] <= stronger[1] < 0.7, pair
     big, small = (agents[n] for n in demo.PAIRS["size"])
     assert big.architecture == small.architecture and big.hidden_size * big.layers > small.hidden_size * small.layers
     a, b = (agents[n] for n in demo.PAIRS["model"])

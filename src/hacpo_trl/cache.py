@@ -15,7 +15,7 @@ def cache_root() -> str:
     return os.environ.get("HACPO_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "hacpo-trl"))
 
 
-def cache_folder(name: str, spec, version: int, directory: str | None = None) -> str:
+def cache_folder(name: str, spec, version: int | str, directory: str | None = None) -> str:
     """``directory``, or the cache folder of a built-in model: named after its spec, so a changed spec (or a bumped
     ``version``) is built anew instead of reusing an old folder."""
     payload = json.dumps({"name": name, **asdict(spec), "v": version}, sort_keys=True).encode()

@@ -22,9 +22,12 @@ splits digits differently from the in-memory tokenizer it was built from.
 
 from __future__ import annotations
 
+import copy
+import json
 import os
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -32,7 +35,7 @@ from .cache import cache_folder
 from .tasks import task_splits
 from .tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
 
-__all__ = ["BUILTIN_AGENTS", "PAIRS", "DemoAgent", "build_agent", "resolve_model"]
+__all__ = ["BUILTIN_AGENTS", "PAIRS", "DemoAgent", "build_agent", "build_record", "resolve_model"]
 
 PREFIX = "builtin:"
 
@@ -42,29 +45,38 @@ class DemoAgent:
     architecture: str  # "llama" | "qwen2"
     hidden_size: int
     layers: int
-    warmup_steps: int
+    band: tuple[float, float]  # validation accuracy (greedy) the warm-start stops in, both ends included
     seed: int
+    max_steps: int = 3000  # the cap: a build that ends here outside its band fails
     learning_rate: float = 3e-3
     batch_size: int = 64
     task: str = "arithmetic"  # whose warmup split it is warm-started on
+    after: str | None = None  # continue this agent's warm-start (same model, same stream) toward ``band``
 
 
+# Every agent is warm-started TOWARD A BAND of validation accuracy, not for a fixed number of steps: the same steps
+# land on different agents on different CPUs, thread counts or library builds (0.110 vs 0.187 held-out for
+# tiny-qwen2 on two machines), while "the first check inside the band" gives an agent of the same strength anywhere.
+# The bands: the stronger agent of each pair around 0.45-0.55, the weaker around 0.2-0.3, so that each pair keeps a
+# clear gap and the stronger one has room to improve under RL (built at 0.748, the stronger state agent only lost
+# accuracy under GSPO). Checks every CHECK_EVERY steps are small next to a band's width (see hacpo_build.json).
+CHECK_EVERY = 10
+VALIDATION_SIZE = 200  # problems of the validation split scored (greedy, batched) at each check
+STRONG, WEAK = (0.45, 0.55), (0.2, 0.3)
 _TRACE = {"task": "arithmetic_trace"}
 BUILTIN_AGENTS = {
-    "tiny-llama": DemoAgent("llama", hidden_size=64, layers=3, warmup_steps=450, seed=1),
-    # 300 steps: with the tokenizer it is trained and evaluated with, 800 steps (v1) would solve 97% of the task
-    "tiny-qwen2": DemoAgent("qwen2", hidden_size=48, layers=2, warmup_steps=300, seed=2),
-    # state: one model, warm-started for fewer / more steps (the same seed, so `trace-instruct` is `trace-base`
-    # trained further on the same stream)
-    "trace-base": DemoAgent("llama", hidden_size=64, layers=3, warmup_steps=400, seed=11, **_TRACE),
-    "trace-instruct": DemoAgent("llama", hidden_size=64, layers=3, warmup_steps=500, seed=11, **_TRACE),
-    # size: one tokenizer, a smaller and a larger model, each warm-started until it solves part of the task (the
-    # larger one learns more slowly at this learning rate, so it needs more steps to get ahead, as 4B is of 1.7B)
-    "trace-small": DemoAgent("llama", hidden_size=32, layers=2, warmup_steps=350, seed=12, **_TRACE),
-    "trace-large": DemoAgent("llama", hidden_size=96, layers=4, warmup_steps=600, seed=13, **_TRACE),
-    # model: different architecture, tokenizer and chat template
-    "trace-llama": DemoAgent("llama", hidden_size=64, layers=3, warmup_steps=350, seed=14, **_TRACE),
-    "trace-qwen2": DemoAgent("qwen2", hidden_size=64, layers=3, warmup_steps=300, seed=15, **_TRACE),
+    "tiny-llama": DemoAgent("llama", hidden_size=64, layers=3, band=STRONG, seed=1),
+    "tiny-qwen2": DemoAgent("qwen2", hidden_size=48, layers=2, band=WEAK, seed=2),
+    # state: one model, warm-started less / more (`trace-instruct` is `trace-base` trained further on the same
+    # stream, with the same optimizer, from where `trace-base` stopped)
+    "trace-base": DemoAgent("llama", hidden_size=64, layers=3, band=WEAK, seed=11, **_TRACE),
+    "trace-instruct": DemoAgent("llama", hidden_size=64, layers=3, band=STRONG, seed=11, after="trace-base", **_TRACE),
+    # size: one tokenizer, a smaller and a larger model (the larger one warm-started further, as 4B is ahead of 1.7B)
+    "trace-small": DemoAgent("llama", hidden_size=32, layers=2, band=WEAK, seed=12, **_TRACE),
+    "trace-large": DemoAgent("llama", hidden_size=96, layers=4, band=STRONG, seed=13, **_TRACE),
+    # model: different architecture, tokenizer and chat template (the Qwen2 one the stronger, as it was at fixed steps)
+    "trace-llama": DemoAgent("llama", hidden_size=64, layers=3, band=WEAK, seed=14, **_TRACE),
+    "trace-qwen2": DemoAgent("qwen2", hidden_size=64, layers=3, band=STRONG, seed=15, **_TRACE),
 }
 
 # the paper's three kinds of heterogeneity, each a pair of built-in agents on `arithmetic_trace`
@@ -73,6 +85,8 @@ PAIRS = {
     "size": ("trace-large", "trace-small"),
     "model": ("trace-llama", "trace-qwen2"),
 }
+BUILD_RECORD = "hacpo_build.json"  # in each agent's folder: the steps and validation accuracy it was built to
+CACHE_VERSION = 3  # v3: warm-started to a band of validation accuracy (v2: fixed steps); v2: the saved tokenizer
 
 
 def _encode(tok, example) -> tuple[list[int], list[int]]:
@@ -83,27 +97,123 @@ def _encode(tok, example) -> tuple[list[int], list[int]]:
     return list(prompt["input_ids"]), answer
 
 
-def _warm_start(model, tok, spec: DemoAgent) -> None:
-    """Supervised steps on prompt -> target + EOS of the warm-up split (loss on the target only)."""
-    rows = [_encode(tok, ex) for ex in task_splits(spec.task)["warmup"]]
-    generator = torch.Generator().manual_seed(spec.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0)
-    model.train()
-    for _ in range(spec.warmup_steps):
-        picks = torch.randint(len(rows), (spec.batch_size,), generator=generator).tolist()
-        length = max(len(rows[i][0]) + len(rows[i][1]) for i in picks)
-        ids = torch.full((spec.batch_size, length), tok.pad_token_id)
-        labels = torch.full((spec.batch_size, length), -100)
-        attention = torch.zeros(spec.batch_size, length, dtype=torch.long)
-        for j, i in enumerate(picks):
-            prompt, answer = rows[i]
-            seq = prompt + answer
-            ids[j, : len(seq)] = torch.tensor(seq)
-            attention[j, : len(seq)] = 1
-            labels[j, len(prompt) : len(seq)] = torch.tensor(answer)
-        model(input_ids=ids, attention_mask=attention, labels=labels).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+def validation_rows(task: str):
+    """The problems a warm-start is checked on: the task's ``validation`` split, or for ``arithmetic`` (which has
+    none) the first rows of its RL ``train`` split; never the warm-up data it learns from nor the held-out ``test``."""
+    splits = task_splits(task)
+    data = splits["validation"] if "validation" in splits else splits["train"]
+    return data.select(range(min(VALIDATION_SIZE, len(data))))
+
+
+class _WarmStart:
+    """Supervised steps on prompt -> target + EOS of the warm-up split (loss on the target only), one stream of
+    batches from the agent's seed, and greedy accuracy on the validation rows."""
+
+    def __init__(self, model, tok, spec: DemoAgent):
+        from .rewards import REWARD_FUNCS
+
+        self.model, self.tok, self.spec = model, tok, spec
+        self.rows = [_encode(tok, ex) for ex in task_splits(spec.task)["warmup"]]
+        self.generator = torch.Generator().manual_seed(spec.seed)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0)
+        self.validation = validation_rows(spec.task)
+        trace = spec.task == "arithmetic_trace"
+        self.reward = REWARD_FUNCS["arithmetic_trace" if trace else "arithmetic_exact"]
+        self.max_new_tokens = 40 if trace else 6  # as the demo recipes generate
+        self.steps = 0
+
+    def train(self, steps: int) -> None:
+        spec, tok, model = self.spec, self.tok, self.model
+        model.train()
+        for _ in range(steps):
+            picks = torch.randint(len(self.rows), (spec.batch_size,), generator=self.generator).tolist()
+            length = max(len(self.rows[i][0]) + len(self.rows[i][1]) for i in picks)
+            ids = torch.full((spec.batch_size, length), tok.pad_token_id)
+            labels = torch.full((spec.batch_size, length), -100)
+            attention = torch.zeros(spec.batch_size, length, dtype=torch.long)
+            for j, i in enumerate(picks):
+                prompt, answer = self.rows[i]
+                seq = prompt + answer
+                ids[j, : len(seq)] = torch.tensor(seq)
+                attention[j, : len(seq)] = 1
+                labels[j, len(prompt) : len(seq)] = torch.tensor(answer)
+            model(input_ids=ids, attention_mask=attention, labels=labels).loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            self.steps += 1
+
+    def snapshot(self) -> dict:
+        return copy.deepcopy(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "generator": self.generator.get_state(),
+                "steps": self.steps,
+            }
+        )
+
+    def restore(self, saved: dict) -> None:
+        saved = copy.deepcopy(saved)
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.generator.set_state(saved["generator"])
+        self.steps = saved["steps"]
+
+    def accuracy(self) -> float:
+        from .evaluate import evaluate_model
+
+        result = evaluate_model(
+            self.model, self.tok, self.validation, self.reward, max_new_tokens=self.max_new_tokens, batch_size=100
+        )
+        return result.avg_at_k
+
+
+def _stages(name: str) -> list[tuple[str, DemoAgent]]:
+    """The warm-starts an agent is built through: its ``after`` agent's (recursively), then its own."""
+    spec = BUILTIN_AGENTS[name]
+    return (_stages(spec.after) if spec.after else []) + [(name, spec)]
+
+
+def _warm_start(model, tok, stages: list[tuple[str, DemoAgent]]) -> list[dict]:
+    """Warm-start through each stage until validation accuracy, checked every ``CHECK_EVERY`` steps, first lies in
+    the stage's band; returns one record per stage.
+
+    A check that lands above the band goes back to the previous check (model, optimizer and batch stream restored
+    exactly) and proceeds one step at a time. A stage that still passes its band in one step, or reaches its step cap,
+    raises: an agent outside its band would silently change every demo and benchmark built on it."""
+    run = _WarmStart(model, tok, stages[0][1])
+    records = []
+    for name, spec in stages:
+        low, high = spec.band
+        print(f"hacpo: building {name!r}: warm-start until validation accuracy is in [{low}, {high}]", file=sys.stderr)
+        stride, accuracy, refined = CHECK_EVERY, run.accuracy(), False
+        saved, previous = None, accuracy
+        while not low <= accuracy <= high:
+            if accuracy > high and stride > 1 and saved is not None:
+                run.restore(saved)
+                stride, accuracy, refined = 1, previous, True
+                continue
+            if accuracy > high or run.steps >= spec.max_steps:
+                why = "passed it in one step" if accuracy > high else f"reached the cap of {spec.max_steps} steps"
+                raise RuntimeError(
+                    f"built-in agent {name!r}: the warm-start {why} with validation accuracy {accuracy:.3f} outside "
+                    f"its band [{low}, {high}] after {run.steps} steps; please report this with your CPU and torch "
+                    "version"
+                )
+            saved, previous = run.snapshot(), accuracy
+            run.train(min(stride, spec.max_steps - run.steps))
+            accuracy = run.accuracy()
+        print(f"hacpo: built {name!r} in {run.steps} steps: validation accuracy {accuracy:.3f}", file=sys.stderr)
+        records.append(
+            {
+                "agent": name,
+                "steps": run.steps,
+                "validation_accuracy": round(accuracy, 4),
+                "band": [low, high],
+                "refined": refined,
+            }
+        )
+    return records
 
 
 def _as_loaded(model, tok, folder: str):
@@ -119,22 +229,56 @@ def _as_loaded(model, tok, folder: str):
     return loaded
 
 
+def _remove_stale_builds(folder: str) -> None:
+    """Remove ``<folder>.tmp-PID-...`` left by builds that were killed (their process is gone)."""
+    import glob
+    import shutil
+
+    for tmp in glob.glob(glob.escape(folder) + ".tmp-*-*"):
+        pid = tmp.rsplit(".tmp-", 1)[1].split("-")[0]
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except (ValueError, OSError):
+            pass  # not ours to judge: a malformed name or another user's live process
+
+
+def build_record(folder: str) -> dict | None:
+    """What a built-in agent's folder was built to (its ``hacpo_build.json``), or None for any other folder."""
+    path = os.path.join(folder, BUILD_RECORD)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def build_agent(name: str, directory: str | None = None) -> str:
     """Build (or reuse from the cache) a built-in agent; returns the folder with its model and tokenizer."""
     if name not in BUILTIN_AGENTS:
         raise ValueError(f"unknown built-in agent {name!r}; available: {sorted(BUILTIN_AGENTS)}")
     spec = BUILTIN_AGENTS[name]
-    # v2: warm-started with the tokenizer the saved folder loads back as (v1 used the in-memory one)
-    folder = cache_folder(name, spec, 2, directory)
+    # an agent that continues another's warm-start is rebuilt when that one's spec changes
+    version = f"{CACHE_VERSION}:{json.dumps([asdict(s) for _, s in _stages(name)[:-1]], sort_keys=True)}"
+    folder = cache_folder(name, spec, version if spec.after else CACHE_VERSION, directory)
     if os.path.isfile(os.path.join(folder, "config.json")):
         return folder
+    _remove_stale_builds(folder)
     torch.manual_seed(spec.seed)
     built = char_tokenizer() if spec.architecture == "llama" else bpe_tokenizer()
     build = tiny_llama if spec.architecture == "llama" else tiny_qwen2
     model = build(built, hidden_size=spec.hidden_size, layers=spec.layers, seed=spec.seed)
     tmp = f"{folder}.tmp-{os.getpid()}-{time.time_ns()}"
     tok = _as_loaded(model, built, tmp)
-    _warm_start(model, tok, spec)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # fewer sources of difference between machines; the band is the guarantee
+    try:
+        stages = _warm_start(model, tok, _stages(name))
+    finally:
+        torch.set_num_threads(threads)
+    record = {**stages[-1], "stages": stages, "check_every": CHECK_EVERY, "validation_size": VALIDATION_SIZE}
+    with open(os.path.join(tmp, BUILD_RECORD), "w") as f:
+        json.dump(record, f, indent=1)
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     os.makedirs(os.path.dirname(folder) or ".", exist_ok=True)
