@@ -323,6 +323,12 @@ class HACPOConfig(GRPOConfig):
             Score each mini-batch's peer rows in a forward pass without gradient first, and run forward + backward
             only on the rows that can have a gradient: peer rows outside the band cost one cheap forward instead
             of a backward. The loss and its gradient are unchanged (up to float rounding).
+        trim_padding (`bool`, *optional*, defaults to `True`):
+            Run every forward (TRL's old-log-prob and reference passes, HACPO's peer scoring and training passes) at
+            its own rows' width: the leading and trailing columns that are padding in every row of a chunk are left
+            out, and the no-gradient passes over a generation batch chunk rows of similar length together. Same
+            log-probs and gradients (up to float rounding) for rotary-position models; `False`: TRL's padded
+            forwards (see `hacpo_trl.padding`). `hacpo/time/padding_ratio/*` logs the waste either way.
     """
 
     _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["agents"]
@@ -374,6 +380,7 @@ class HACPOConfig(GRPOConfig):
         default=True, metadata={"help": "Score peer rows without gradient first; no backward for clipped ones."}
     )
     peer_layout: str = field(default="self_first", metadata={"help": "'self_first' or 'interleaved' peer rows."})
+    trim_padding: bool = field(default=True, metadata={"help": "Run each forward at its own rows' width."})
 
     def __post_init__(self):
         self._specs = _as_specs(self.agents) if self.agents is not None else None
