@@ -139,3 +139,65 @@ def test_generation_passes_are_named():
         for _ in range(2):
             trainer._get_per_token_logps_and_entropies(model, ids, mask, keep, batch_size=2)
     assert sorted(trainer._padding_sums["train"]) == ["old_logps", "ref_logps"]
+
+
+def test_length_groups_by_hand():
+    """Two updates of two 2-row micro-batches. Update 1 holds self rows (class 0) of lengths 9, 1 | 5, 2 -> 1, 2 |
+    5, 9. Update 2 mixes classes: micro-batches (peer 7, self 3) | (peer 4, self 8): peers 4, 7 and selves 3, 8 are
+    dealt back in place -> (peer 4, self 3) | (peer 7, self 8). Nothing crosses from one update to the other."""
+    lengths = torch.tensor([9, 1, 5, 2, 7, 3, 4, 8])
+    classes = torch.tensor([0, 0, 0, 0, 1, 0, 1, 0])
+    order = padding.length_groups(lengths, classes, micro_rows=2, block=2)
+    assert lengths[order].tolist() == [1, 2, 5, 9, 4, 3, 7, 8]
+    assert classes[order].tolist() == classes.tolist()
+    with pytest.raises(ValueError, match="whole blocks"):
+        padding.length_groups(lengths[:6], classes[:6], micro_rows=2, block=2)
+
+
+def _update_gradient(order: torch.Tensor, micro_rows: int, ga: int) -> torch.Tensor:
+    """The gradient of one optimizer update of HACPO's loss (GA micro-batches, each loss / GA) with respect to every
+    row's log-probs, rows taken in ``order``; returned in the original row order."""
+    from hacpo_trl.algorithm import HACPOLossConfig, hacpo_loss
+
+    gen = torch.Generator().manual_seed(3)
+    n, width = order.shape[0], 7
+    lengths = torch.randint(1, width + 1, (n,), generator=gen)
+    mask = (torch.arange(width) < lengths[:, None]).long()
+    logps = (-torch.rand(n, width, generator=gen) * 2).requires_grad_()
+    cols = {
+        "old": torch.log(torch.rand(n, generator=gen)) * 0.1 + (logps.detach() * mask).sum(1) / lengths,
+        "adv": torch.randn(n, generator=gen),
+        "peer": torch.tensor([False, True] * (n // 2)),
+        "valid": torch.rand(n, generator=gen) > 0.3,
+        "ref": logps.detach() + 0.05 * torch.randn(n, width, generator=gen),
+    }
+    config = HACPOLossConfig(beta=0.1)
+    total = 0
+    for start in range(0, n, micro_rows):
+        rows = order[start : start + micro_rows]
+        total = total + hacpo_loss(
+            logps[rows], mask[rows], cols["old"][rows], cols["adv"][rows], cols["peer"][rows], update_index=1,
+            omega=torch.full((micro_rows,), 0.7), ref_logps=cols["ref"][rows], valid=cols["valid"][rows], config=config,
+        ).loss / ga  # fmt: skip
+    total.backward()
+    return logps.grad, lengths, cols
+
+
+def test_grouping_by_length_keeps_the_update():
+    """Regrouping the rows of one update (4 micro-batches of 3 rows) by length, between rows of equal weight, gives
+    the same gradient; a plain sort by length does not (HACPO means over each micro-batch's valid rows)."""
+    n, micro_rows, ga = 12, 3, 4
+    reference, lengths, cols = _update_gradient(torch.arange(n), micro_rows, ga)
+    classes = 1 + cols["peer"].long() + 2 * (~cols["valid"]).long()
+    grouped = padding.length_groups(lengths, classes, micro_rows, ga)
+    assert not torch.equal(grouped, torch.arange(n))
+    assert torch.allclose(_update_gradient(grouped, micro_rows, ga)[0], reference, atol=1e-7)
+    plain = padding.length_groups(lengths, torch.zeros(n, dtype=torch.long), micro_rows, ga)
+    assert not torch.allclose(_update_gradient(plain, micro_rows, ga)[0], reference, atol=1e-4)
+
+
+def test_group_by_length_refused_where_weights_depend_on_the_micro_batch(tmp_path):
+    from hacpo_trl.config import HACPOConfig
+
+    with pytest.raises(ValueError, match="group_by_length"):
+        HACPOConfig(output_dir=str(tmp_path), share_rollouts=False, group_by_length=True, loss_type="bnpo")

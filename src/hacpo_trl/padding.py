@@ -17,6 +17,10 @@ counts left padding (GPT-2 style) would not; ``trim_padding=False`` keeps TRL's 
 For the no-gradient passes over a whole generation batch (TRL's old log-probs and reference log-probs), rows are
 independent, so they are also chunked in order of length (:func:`length_order`): chunks then hold rows of similar
 length and trim to little padding. The result is put back in the original row order.
+
+The training micro-batches are fixed by the optimizer update they belong to, so their rows keep their mixed lengths
+unless ``group_by_length`` regroups them (:func:`length_groups`): only within one optimizer update, and only between
+rows that weigh the same in the loss, so every update sums the same rows with the same weights.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Trim", "chunk_trims", "length_order", "padding_ratio", "restore_width"]
+__all__ = ["Trim", "chunk_trims", "length_groups", "length_order", "padding_ratio", "restore_width"]
 
 
 class Trim(NamedTuple):
@@ -71,6 +75,34 @@ def length_order(attention_mask: torch.Tensor) -> torch.Tensor:
     """Row indices by real length (ties in row order), so that consecutive chunks hold rows of similar length."""
     lengths = attention_mask.sum(1)
     return torch.sort(lengths, stable=True).indices
+
+
+def length_groups(lengths: torch.Tensor, classes: torch.Tensor, micro_rows: int, block: int) -> torch.Tensor:
+    """A row order that puts rows of similar length into the same micro-batch without changing any update's loss.
+
+    Rows ``[k * micro_rows, (k + 1) * micro_rows)`` form micro-batch ``k``; every ``block`` consecutive micro-batches
+    lie inside one optimizer update. ``classes`` says which rows weigh alike within a micro-batch (for HACPO: valid
+    self, valid peer, invalid rows: its loss is a mean over valid rows plus a KL mean over valid self rows), so a
+    row's weight is set by its class and by its micro-batch's count of each class. Within a block, micro-batches
+    with the same counts form a group; in each group, the rows of each class are sorted by length and dealt back in
+    micro-batch order, each micro-batch taking as many as it held: the first gets the shortest, the last the
+    longest. Every row keeps its weight and every update its rows. Returns indices: ``batch[order]``.
+    """
+    n = lengths.shape[0]
+    if n % (micro_rows * block):
+        raise ValueError(f"{n} rows are not whole blocks of {block} micro-batches of {micro_rows} rows")
+    kinds = classes.unique()
+    counts = (classes.view(-1, micro_rows, 1) == kinds).sum(1)  # (micro-batches, classes)
+    order = torch.arange(n)
+    for first in range(0, n // micro_rows, block):
+        micro = torch.arange(first, first + block)
+        for signature in counts[micro].unique(dim=0):
+            alike = micro[(counts[micro] == signature).all(1)]
+            rows = (alike[:, None] * micro_rows + torch.arange(micro_rows)).flatten()
+            for c in kinds:
+                slots = rows[classes[rows] == c]  # the class's positions, micro-batch by micro-batch
+                order[slots] = slots[torch.sort(lengths[slots], stable=True).indices]
+    return order
 
 
 def restore_width(values: torch.Tensor, dropped_right: int) -> torch.Tensor:

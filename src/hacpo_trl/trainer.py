@@ -28,6 +28,7 @@ the logic is plain functions in named modules, tested without a trainer (:mod:`~
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from contextlib import contextmanager
@@ -378,8 +379,22 @@ class HACPOTrainer(GRPOTrainer):
                     batch = shuffle_sequence_dict(batch)  # exactly TRL's order when there are no peer rows
                 else:
                     batch = order_rows(batch, n_self, self.args.steps_per_generation, self.args.peer_layout)
+                if self.args.group_by_length:
+                    batch = self._group_by_length(batch)
                 self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
             return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    def _group_by_length(self, batch: dict) -> dict:
+        """Rows of similar length into the same micro-batch, within each optimizer update and between rows of equal
+        weight (:func:`hacpo_trl.padding.length_groups`). Blocks of gcd(S, GA) micro-batches never cross an update."""
+        steps, rows = self.args.steps_per_generation, batch["completion_ids"].shape[0]
+        block = math.gcd(steps, self.args.gradient_accumulation_steps)
+        lengths = (batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)).cpu()
+        classes = torch.zeros(rows, dtype=torch.long)
+        if self.args.share_rollouts and "hacpo_is_peer" in batch:  # HACPO: mean over valid rows, KL over self rows
+            classes = 1 + batch["hacpo_is_peer"].long().cpu() + 2 * (~batch["hacpo_valid"]).long().cpu()
+        order = padding.length_groups(lengths, classes, rows // steps, block).to(batch["completion_ids"].device)
+        return {k: (v[order] if isinstance(v, torch.Tensor) and v.ndim >= 1 else v) for k, v in batch.items()}
 
     # ------------------------------------------------------------------------------------------------- loss
 
