@@ -169,7 +169,7 @@ def report(recipe: dict, agents: list[tuple[str, int, int]], prompt_tokens: floa
     ]
     for name, _, n in agents:
         lines.append(
-            f"  {name}: {costs[name] / 1e15:.1f} PFLOP on {n} process(es): predicted idle {now.idle[name]:.0%} "
+            f"  {name}: {_flops_text(costs[name])} on {n} process(es): predicted idle {now.idle[name]:.0%} "
             "of its time (waiting for peers)"
         )
     best = best_split(costs, total, completions, spg)
@@ -200,6 +200,13 @@ def _updates_text(steps: int, spg: int, ga: int) -> str:
     if steps // ga == updates or steps % updates:
         return ""
     return f" (and gradient_accumulation_steps {steps // updates} to keep {updates} updates per generation batch)"
+
+
+def _flops_text(flops: float) -> str:
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9)):
+        if flops >= scale:
+            return f"{flops / scale:.1f} {unit}"
+    return f"{flops / 1e6:.1f} MFLOP"
 
 
 def _split_text(b: Balance) -> str:

@@ -327,10 +327,13 @@ class HACPOTrainer(GRPOTrainer):
         return peer_fade_weight(self.state.global_step, self.args.peer_fade_steps)
 
     def _exchange_capabilities(self, rewards: torch.Tensor) -> None:
-        """Without sharing, agents still exchange rewards so every log shows every agent's capability."""
+        """Without sharing, agents still exchange rewards so every log shows every agent's capability (and so they
+        also wait for each other once per generation batch: logged as with sharing)."""
         rank, step = self.topology.global_rank, self.state.global_step
         record = RolloutBatch(self.agent, rank, step, [""] * len(rewards), rewards=rewards.tolist())
+        start = time.perf_counter()
         records = self.exchange.all_gather(record, what=f"rewards of step {self.state.global_step}")
+        self._log("train", metrics.exchange_metrics(self.exchange, time.perf_counter() - start, 0.0))
         self._update_capability(records, "train")
 
     def _update_capability(self, records: list[RolloutBatch], mode: str) -> dict[str, list[RolloutBatch]]:
