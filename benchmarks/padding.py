@@ -89,7 +89,7 @@ def trainer(m, trim: bool, group: bool, batch_size: int, ga: int, steps: int) ->
     t = object.__new__(HACPOTrainer)
     t.args = SimpleNamespace(trim_padding=trim, group_by_length=group, per_device_train_batch_size=batch_size)
     t.args.gradient_accumulation_steps, t.args.steps_per_generation, t.args.share_rollouts = ga, steps, True
-    t.accelerator = SimpleNamespace(autocast=contextlib.nullcontext, is_main_process=True)
+    t.accelerator = SimpleNamespace(autocast=contextlib.nullcontext, is_main_process=True, device=torch.device("cpu"))
     t.model = m
     t._forward_pass, t._generation_forwards = "other", 0
     t._padding_sums = {"train": {}, "eval": {}}
