@@ -18,6 +18,9 @@ __all__ = ["AgentSpec", "HACPOConfig"]
 
 # Settings that must be equal for every agent: peer log-probs are only comparable under the same sampling
 # distribution, and every agent must reach every exchange the same number of times with the same prompts.
+# TRL's losses whose row weights do not depend on the micro-batch's other rows (row count fixed, or a global token count)
+LENGTH_GROUPABLE_LOSSES = ("grpo", "dr_grpo", "dapo", "cispo", "sapo")
+
 SHARED_SETTINGS = (
     "temperature",
     "top_p",
@@ -330,6 +333,18 @@ class HACPOConfig(GRPOConfig):
             Score each mini-batch's peer rows in a forward pass without gradient first, and run forward + backward
             only on the rows that can have a gradient: peer rows outside the band cost one cheap forward instead
             of a backward. The loss and its gradient are unchanged (up to float rounding).
+        trim_padding (`bool`, *optional*, defaults to `True`):
+            Run every forward (TRL's old-log-prob and reference passes, HACPO's peer scoring and training passes) at
+            its own rows' width: the leading and trailing columns that are padding in every row of a chunk are left
+            out, and the no-gradient passes over a generation batch chunk rows of similar length together. Same
+            log-probs and gradients (up to float rounding) for rotary-position models; `False`: TRL's padded
+            forwards (see `hacpo_trl.padding`). `hacpo/time/padding_ratio/*` logs the waste either way.
+        group_by_length (`bool`, *optional*, defaults to `False`):
+            Put rows of similar length into the same training micro-batch, so that trimmed forwards carry little
+            padding with long-tailed lengths. Rows move only between the micro-batches of one optimizer update and
+            only for rows of equal weight in the loss, so each update sums the same rows with the same weights (same
+            gradient up to float rounding); per-micro-batch metrics are averaged over other row groupings. Refused
+            where the weights depend on the micro-batch (TRL's `bnpo`/`luspo`/`vespo` losses, `top_entropy_quantile`).
     """
 
     _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["agents"]
@@ -383,6 +398,10 @@ class HACPOConfig(GRPOConfig):
         default=True, metadata={"help": "Score peer rows without gradient first; no backward for clipped ones."}
     )
     peer_layout: str = field(default="self_first", metadata={"help": "'self_first' or 'interleaved' peer rows."})
+    trim_padding: bool = field(default=True, metadata={"help": "Run each forward at its own rows' width."})
+    group_by_length: bool = field(
+        default=False, metadata={"help": "Rows of similar length share a training micro-batch, within each update."}
+    )
 
     def __post_init__(self):
         self._specs = _as_specs(self.agents) if self.agents is not None else None
@@ -408,6 +427,14 @@ class HACPOConfig(GRPOConfig):
         for name in ("exchange_timeout", "exchange_startup_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"`{name}` must be > 0, got {getattr(self, name)!r}")
+        if self.group_by_length and not self.share_rollouts:
+            if self.loss_type not in LENGTH_GROUPABLE_LOSSES or self.top_entropy_quantile < 1.0:
+                raise ValueError(
+                    f"`group_by_length` with loss_type={self.loss_type!r} and top_entropy_quantile="
+                    f"{self.top_entropy_quantile}: the loss would weigh rows by what else is in their micro-batch, "
+                    f"so regrouping would change the update. Use one of {LENGTH_GROUPABLE_LOSSES} and "
+                    "top_entropy_quantile 1, or group_by_length false."
+                )
         if self.peer_layout not in PEER_LAYOUTS:
             raise ValueError(f"`peer_layout` must be one of {PEER_LAYOUTS}, got {self.peer_layout!r}")
         self.loss_config()  # validates alpha, peer_delta, peer_delta_step, epsilons, ratio_mode, beta

@@ -12,6 +12,7 @@ import torch
 from transformers import TrainerCallback
 
 from .algorithm import peer_ratio_stats
+from .padding import padding_ratio
 
 __all__ = [
     "LOSS_SUMS",
@@ -21,6 +22,7 @@ __all__ = [
     "learns_from_metrics",
     "loss_metric_sums",
     "loss_metrics",
+    "padding_metrics",
     "peer_ratio_metrics",
     "peer_row_metrics",
 ]
@@ -62,6 +64,14 @@ def loss_metrics(sums: list[float], lower_bound: float, kl: torch.Tensor | None)
     if kl is not None:
         metrics["kl"] = float(kl.mean())
     return metrics
+
+
+def padding_metrics(sums: dict[str, list[float]]) -> dict[str, float]:
+    """``hacpo/time/padding_ratio/<pass>``: tokens a pass's forwards processed ÷ its real tokens since the last log,
+    from this rank's ``{pass: [processed, real]}`` sums (a ratio of sums, so long and short chunks weigh by their
+    tokens). 1 is padding-free. The passes: ``old_logps`` (TRL's or HACPO's old log-probs), ``ref_logps``
+    (reference model), ``peer_scoring`` (HACPO's no-gradient scoring of peer rows), ``train`` (the gradient pass)."""
+    return {f"hacpo/time/padding_ratio/{name}": padding_ratio(p, r) for name, (p, r) in sorted(sums.items())}
 
 
 def peer_row_metrics(counts: list[float]) -> dict[str, float]:

@@ -14,6 +14,7 @@ import sys
 
 import yaml
 
+from . import balance
 from .plan import DATASET_ROWS, Launch, ModelDims, format_plan, launch_from_accelerate, launch_from_env, make_plan
 from .recipe import RecipeError, check_recipe, load_recipe
 
@@ -120,4 +121,7 @@ def main(argv: list[str]) -> int:
         return 2
     if os.environ.get("RANK", "0") == "0":  # inside a launch, one copy is enough
         print(format_plan(plan), flush=True)
+        if len(plan.agents) > 1:
+            agents = [(a.name, a.params, len(a.ranks)) for a in plan.agents]
+            print("\n".join(balance.report({**_defaults(), **recipe}, agents)), flush=True)
     return 0 if plan.ok else 1

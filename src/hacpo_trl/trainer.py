@@ -14,6 +14,10 @@ Each agent runs this trainer in its own accelerate world (see :mod:`hacpo_trl.to
 * ``_save_checkpoint`` / ``train``: the capability tracker is saved in every checkpoint and restored on resume;
   resume picks the newest step that every agent saved completely (the rules are in :mod:`hacpo_trl.checkpoints`).
 
+``_get_per_token_logps_and_entropies``, the forward every pass goes through (TRL's old-log-prob and reference passes,
+HACPO's peer scoring and training passes), runs each chunk at its own rows' width (:mod:`hacpo_trl.padding`) and counts
+tokens processed against real tokens (``hacpo/time/padding_ratio/*``).
+
 ``_generate``, ``_calculate_rewards`` and ``training_step`` are wrapped only to time them (``hacpo/time/*``); with
 ``share_rollouts=False`` the loss is TRL's own, so the baselines are exactly TRL's GRPO / GSPO.
 
@@ -24,6 +28,7 @@ the logic is plain functions in named modules, tested without a trainer (:mod:`~
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from contextlib import contextmanager
@@ -34,7 +39,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
-from . import checkpoints, metrics
+from . import checkpoints, metrics, padding
 from .algorithm import CapabilityTracker, open_peers, peer_fade_weight
 from .config import HACPOConfig
 from .exchange import (
@@ -117,6 +122,8 @@ class HACPOTrainer(GRPOTrainer):
         self.hacpo_loss_config = args.loss_config()
         self._captured: dict[str, Any] = {}
         self._prepare_seconds = 0.0
+        self._forward_pass, self._generation_forwards = "other", 0
+        self._padding_sums: dict[str, dict[str, list[float]]] = {"train": {}, "eval": {}}
         self.add_callback(metrics.OptimizerTimer(self))
         vllm_weights = self.use_vllm and self.vllm_importance_sampling_correction
         self._self_on_policy = self_on_policy(args.gradient_accumulation_steps, self._generate_every, vllm_weights)
@@ -149,6 +156,86 @@ class HACPOTrainer(GRPOTrainer):
         with self._timed("generate"):
             return super()._generate(prompts)
 
+    # ------------------------------------------------------------- forwards at their rows' own width (padding)
+
+    @contextmanager
+    def _pass(self, name: str):
+        """Name the forwards run inside, for ``hacpo/time/padding_ratio/<name>``."""
+        outer, self._forward_pass, self._generation_forwards = self._forward_pass, name, 0
+        try:
+            yield
+        finally:
+            self._forward_pass = outer
+
+    def _pass_name(self) -> str:
+        name = self._forward_pass
+        if name == "generation":  # inside TRL's step: its old log-probs (when it computes them), then the reference
+            vllm_weights = self.use_vllm and self.vllm_importance_sampling_correction
+            trl_old = self.args.gradient_accumulation_steps % self._generate_every != 0 or vllm_weights
+            name = "old_logps" if trl_old and self._generation_forwards == 0 else "ref_logps"
+            self._generation_forwards += 1
+        return name
+
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **extra,
+    ):
+        """TRL's forward, chunk by chunk at each chunk's own width: the same log-probs, entropies and gradients
+        without the padding columns (:mod:`hacpo_trl.padding`). Several chunks (the no-gradient passes over a
+        generation batch) take rows in order of length and return them in the caller's order. Multimodal inputs
+        and ``trim_padding=False`` keep TRL's padded forward; both count tokens processed and real."""
+        n, width = input_ids.shape
+        batch_size = batch_size or n
+        trim = self.args.trim_padding and all(v is None for v in extra.values())
+        order = padding.length_order(attention_mask) if trim and batch_size < n else None
+        if order is not None:
+            input_ids, attention_mask = input_ids[order], attention_mask[order]
+        chunks = padding.chunk_trims(attention_mask, logits_to_keep, batch_size, trim)
+        sums = self._padding_sums["train" if self.model.training else "eval"].setdefault(self._pass_name(), [0, 0])
+        sums[0] += sum(c.tokens for c in chunks)
+        sums[1] += int(attention_mask.sum())
+        if not trim:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **extra
+            )
+        first_completion = width - logits_to_keep
+        logps, entropies, aux_losses = [], [], []
+        for c in chunks:
+            lp, entropy, aux = super()._get_per_token_logps_and_entropies(
+                model,
+                input_ids[c.start : c.end, c.left : c.right],
+                attention_mask[c.start : c.end, c.left : c.right],
+                c.right - first_completion,
+                compute_entropy=compute_entropy,
+                compute_aux_loss=compute_aux_loss,
+            )
+            logps.append(padding.restore_width(lp, width - c.right))
+            if compute_entropy:
+                entropies.append(padding.restore_width(entropy, width - c.right))
+            if compute_aux_loss:
+                aux_losses.append(aux)
+        logps = torch.cat(logps)
+        entropy = torch.cat(entropies) if compute_entropy else None
+        if order is not None:
+            inverse = torch.argsort(order)
+            logps = logps[inverse]
+            entropy = None if entropy is None else entropy[inverse]
+        return logps, entropy, (torch.stack(aux_losses).mean() if compute_aux_loss else None)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "train" if self.model.training else "eval"
+        for key, value in metrics.padding_metrics(self._padding_sums[mode]).items():
+            self._metrics[mode][key] = [value]
+        self._padding_sums[mode] = {}
+        super().log(logs, start_time)
+
     def training_step(self, model, inputs, num_items_in_batch=None):
         self._prepare_seconds = 0.0
         start = time.perf_counter()
@@ -168,7 +255,11 @@ class HACPOTrainer(GRPOTrainer):
             return batch["old_per_token_logps"]
         device = self.accelerator.device
         devices = [] if device.type == "cpu" else [device.index or 0]
-        with self._timed("old_logps"), torch.random.fork_rng(devices=devices, device_type=device.type):
+        with (
+            self._timed("old_logps"),
+            self._pass("old_logps"),
+            torch.random.fork_rng(devices=devices, device_type=device.type),
+        ):
             prompt_completion = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
             attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
             logps, _, _ = self._get_per_token_logps_and_entropies(
@@ -183,7 +274,8 @@ class HACPOTrainer(GRPOTrainer):
     # ---------------------------------------------------------------------------------------------- the step
 
     def _generate_and_score_completions(self, inputs):
-        batch = super()._generate_and_score_completions(inputs)
+        with self._pass("generation"):
+            batch = super()._generate_and_score_completions(inputs)
         check_batch_supported(batch)
         batch.pop("sampling_per_token_logps", None)
         mode = "train" if self.model.training else "eval"
@@ -235,10 +327,13 @@ class HACPOTrainer(GRPOTrainer):
         return peer_fade_weight(self.state.global_step, self.args.peer_fade_steps)
 
     def _exchange_capabilities(self, rewards: torch.Tensor) -> None:
-        """Without sharing, agents still exchange rewards so every log shows every agent's capability."""
+        """Without sharing, agents still exchange rewards so every log shows every agent's capability (and so they
+        also wait for each other once per generation batch: logged as with sharing)."""
         rank, step = self.topology.global_rank, self.state.global_step
         record = RolloutBatch(self.agent, rank, step, [""] * len(rewards), rewards=rewards.tolist())
+        start = time.perf_counter()
         records = self.exchange.all_gather(record, what=f"rewards of step {self.state.global_step}")
+        self._log("train", metrics.exchange_metrics(self.exchange, time.perf_counter() - start, 0.0))
         self._update_capability(records, "train")
 
     def _update_capability(self, records: list[RolloutBatch], mode: str) -> dict[str, list[RolloutBatch]]:
@@ -287,8 +382,22 @@ class HACPOTrainer(GRPOTrainer):
                     batch = shuffle_sequence_dict(batch)  # exactly TRL's order when there are no peer rows
                 else:
                     batch = order_rows(batch, n_self, self.args.steps_per_generation, self.args.peer_layout)
+                if self.args.group_by_length:
+                    batch = self._group_by_length(batch)
                 self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
             return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    def _group_by_length(self, batch: dict) -> dict:
+        """Rows of similar length into the same micro-batch, within each optimizer update and between rows of equal
+        weight (:func:`hacpo_trl.padding.length_groups`). Blocks of gcd(S, GA) micro-batches never cross an update."""
+        steps, rows = self.args.steps_per_generation, batch["completion_ids"].shape[0]
+        block = math.gcd(steps, self.args.gradient_accumulation_steps)
+        lengths = (batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)).cpu()
+        classes = torch.zeros(rows, dtype=torch.long)
+        if self.args.share_rollouts and "hacpo_is_peer" in batch:  # HACPO: mean over valid rows, KL over self rows
+            classes = 1 + batch["hacpo_is_peer"].long().cpu() + 2 * (~batch["hacpo_valid"]).long().cpu()
+        order = padding.length_groups(lengths, classes, rows // steps, block).to(batch["completion_ids"].device)
+        return {k: (v[order] if isinstance(v, torch.Tensor) and v.ndim >= 1 else v) for k, v in batch.items()}
 
     # ------------------------------------------------------------------------------------------------- loss
 
@@ -329,15 +438,18 @@ class HACPOTrainer(GRPOTrainer):
             return None
         if not self._on_any_rank(bool(candidates.any())):
             return None
-        if not candidates.any():
-            with torch.no_grad():
+        with torch.no_grad(), self._pass("peer_scoring"):
+            if not candidates.any():
                 self._row_logps(model, inputs, torch.arange(candidates.shape[0], device=candidates.device) == 0)
-            return None
-        with torch.no_grad():
+                return None
             logps = self._row_logps(model, inputs, candidates)
         return score_peer_rows(logps, inputs, candidates, update_index, cfg)
 
     def _compute_loss(self, model, inputs):
+        with self._pass("train"):
+            return self._hacpo_loss(model, inputs)
+
+    def _hacpo_loss(self, model, inputs):
         if not self.args.share_rollouts:  # an independent baseline: TRL's own objective, untouched
             return super()._compute_loss(model, inputs)
         mode = "train" if self.model.training else "eval"

@@ -1,0 +1,118 @@
+"""Forwards at their rows' own width: which columns of a padded chunk can go, in which order to chunk rows, and how
+many of the tokens a forward processes are real.
+
+TRL pads a generation batch once, prompts on the left and completions on the right, to the widest row of the batch
+(the rank's own rows and, in HACPO, the peer rows). Every forward then runs at that width, however short its own rows
+are. A column that is padding in every row of a chunk changes nothing the chunk computes:
+
+* as a key it is masked for every query, so no real token attends to it;
+* as a label it is ``-100`` (TRL masks labels where the attention mask is 0), so the fused LM head scores it 0.
+
+So the chunk can drop its leading and trailing all-padding columns, and the per-token log-probs it returns are the
+untrimmed ones with zeros put back on the right. Dropping leading columns shifts every row's positions by the same
+amount: models whose attention depends only on position differences (rotary embeddings: Llama, Qwen, Mistral, Gemma,
+...) or that derive positions from the attention mask compute the same values. A model with absolute positions that
+counts left padding (GPT-2 style) would not; ``trim_padding=False`` keeps TRL's padded forwards.
+
+For the no-gradient passes over a whole generation batch (TRL's old log-probs and reference log-probs), rows are
+independent, so they are also chunked in order of length (:func:`length_order`): chunks then hold rows of similar
+length and trim to little padding. The result is put back in the original row order.
+
+The training micro-batches are fixed by the optimizer update they belong to, so their rows keep their mixed lengths
+unless ``group_by_length`` regroups them (:func:`length_groups`): only within one optimizer update, and only between
+rows that weigh the same in the loss, so every update sums the same rows with the same weights.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["Trim", "chunk_trims", "length_groups", "length_order", "padding_ratio", "restore_width"]
+
+
+class Trim(NamedTuple):
+    """One chunk of a forward: rows ``start:end`` (of the possibly reordered batch) and columns ``left:right``."""
+
+    start: int
+    end: int
+    left: int
+    right: int
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the chunk's forward processes: rows × width."""
+        return (self.end - self.start) * (self.right - self.left)
+
+
+def _bounds(attention_mask: torch.Tensor, logits_to_keep: int, trim: bool) -> tuple[int, int]:
+    width = attention_mask.shape[1]
+    if not trim:
+        return 0, width
+    real = attention_mask.bool().any(0).nonzero().flatten().tolist()
+    if not real:
+        return 0, width
+    first_completion = width - logits_to_keep
+    # keep the column before the first completion token (its hidden state scores that token) and at least one
+    # completion column (``logits_to_keep`` 0 would mean "every position" to the model)
+    left = min(real[0], max(first_completion - 1, 0))
+    right = max(real[-1] + 1, first_completion + 1)
+    return left, right
+
+
+def chunk_trims(attention_mask: torch.Tensor, logits_to_keep: int, batch_size: int, trim: bool = True) -> list[Trim]:
+    """The chunks of ``batch_size`` rows and, with ``trim``, the columns each keeps: from its first to its last
+    column that is real in any of its rows (bounded so the chunk still scores every completion column it keeps)."""
+    n = attention_mask.shape[0]
+    return [
+        Trim(s, min(s + batch_size, n), *_bounds(attention_mask[s : s + batch_size], logits_to_keep, trim))
+        for s in range(0, n, batch_size)
+    ]
+
+
+def length_order(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Row indices by real length (ties in row order), so that consecutive chunks hold rows of similar length."""
+    lengths = attention_mask.sum(1)
+    return torch.sort(lengths, stable=True).indices
+
+
+def length_groups(lengths: torch.Tensor, classes: torch.Tensor, micro_rows: int, block: int) -> torch.Tensor:
+    """A row order that puts rows of similar length into the same micro-batch without changing any update's loss.
+
+    Rows ``[k * micro_rows, (k + 1) * micro_rows)`` form micro-batch ``k``; every ``block`` consecutive micro-batches
+    lie inside one optimizer update. ``classes`` says which rows weigh alike within a micro-batch (for HACPO: valid
+    self, valid peer, invalid rows: its loss is a mean over valid rows plus a KL mean over valid self rows), so a
+    row's weight is set by its class and by its micro-batch's count of each class. Within a block, micro-batches
+    with the same counts form a group; in each group, the rows of each class are sorted by length and dealt back in
+    micro-batch order, each micro-batch taking as many as it held: the first gets the shortest, the last the
+    longest. Every row keeps its weight and every update its rows. Returns indices: ``batch[order]``.
+    """
+    n = lengths.shape[0]
+    if n % (micro_rows * block):
+        raise ValueError(f"{n} rows are not whole blocks of {block} micro-batches of {micro_rows} rows")
+    kinds = classes.unique()
+    counts = (classes.view(-1, micro_rows, 1) == kinds).sum(1)  # (micro-batches, classes)
+    order = torch.arange(n)
+    for first in range(0, n // micro_rows, block):
+        micro = torch.arange(first, first + block)
+        for signature in counts[micro].unique(dim=0):
+            alike = micro[(counts[micro] == signature).all(1)]
+            rows = (alike[:, None] * micro_rows + torch.arange(micro_rows)).flatten()
+            for c in kinds:
+                slots = rows[classes[rows] == c]  # the class's positions, micro-batch by micro-batch
+                order[slots] = slots[torch.sort(lengths[slots], stable=True).indices]
+    return order
+
+
+def restore_width(values: torch.Tensor, dropped_right: int) -> torch.Tensor:
+    """A trimmed chunk's per-token values back at full completion width: zeros (TRL's value for a padded label) on
+    the dropped right columns; the gradient flows through the kept ones."""
+    if dropped_right == 0:
+        return values
+    return torch.nn.functional.pad(values, (0, dropped_right))
+
+
+def padding_ratio(processed: float, real: float) -> float:
+    """Tokens processed ÷ real tokens: 1 is padding-free; 3 means two padded tokens for every real one."""
+    return processed / real if real else 1.0
