@@ -131,3 +131,45 @@ def test_wandb_not_installed_stops_before_any_model_is_loaded(no_wandb_login, mo
         "hacpo-train: error: report_to includes 'wandb' but wandb is not installed: `pip install wandb`, or "
         "`report_to: none`"
     ]
+
+
+# --------------------------------------------------------------------- N7: LoRA merge/unmerge with a bf16 base
+
+
+def _merge_unmerge_drift(dtype: torch.dtype, syncs: int = 58) -> tuple[float, float]:
+    """rms change of the frozen base after ``syncs`` merge/unmerge cycles (what TRL does at each vLLM weight sync),
+    relative to the rms of the adapter delta."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = tiny_llama(char_tokenizer(), hidden_size=64).to(dtype)
+    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    layers = [m for m in peft_model.modules() if hasattr(m, "lora_B") and "default" in m.lora_B]
+    before = [m.base_layer.weight.detach().float().clone() for m in layers]
+    deltas = []
+    for m in layers:
+        torch.nn.init.normal_(m.lora_A["default"].weight, std=1.0)
+        torch.nn.init.normal_(m.lora_B["default"].weight, std=1e-5 / 8**0.5)  # delta rms ~1e-5 (review appendix)
+        deltas.append(m.get_delta_weight("default").float())
+    for _ in range(syncs):
+        peft_model.merge_adapter()
+        peft_model.unmerge_adapter()
+    drift = torch.cat([(m.base_layer.weight.float() - b).flatten() for m, b in zip(layers, before)])
+    delta = torch.cat([d.flatten() for d in deltas])
+    return drift.pow(2).mean().sqrt().item(), delta.pow(2).mean().sqrt().item()
+
+
+def test_bf16_base_drifts_at_each_merge_and_the_fp32_base_recipe_does_not():
+    """Review N7: with a bf16 base the frozen weights (and the adapter-disabled reference) change by rounding at each
+    merge/unmerge; with the fp32-base LoRA recipe's `model_init_kwargs: {dtype: float32}` they change 2^16 times less.
+    Stand-in: peft's own merge on a tiny model; it cannot show the effect on a trained 4B model's rewards."""
+    bf16_drift, delta = _merge_unmerge_drift(torch.bfloat16)
+    fp32_drift, _ = _merge_unmerge_drift(torch.float32)
+    assert bf16_drift > 0.01 * delta  # a visible fraction of the adapter's own delta
+    assert fp32_drift < 1e-3 * delta and fp32_drift < bf16_drift / 100
+    recipe = yaml.safe_load((ROOT / "recipes" / "qwen3_4b_base_x_llama3.2_3b_instruct_lora_fp32base.yaml").read_text())
+    lora = yaml.safe_load((ROOT / "recipes" / "qwen3_4b_base_x_llama3.2_3b_instruct_lora.yaml").read_text())
+    assert recipe["model_init_kwargs"] == {"dtype": "float32"} and lora["model_init_kwargs"] == {"dtype": "bfloat16"}
+    changed = {k for k in recipe.keys() | lora.keys() if recipe.get(k) != lora.get(k)}
+    assert changed == {"model_init_kwargs", "output_dir"}
+    assert all(a["lora"] for a in recipe["agents"])  # adapters: the precision refusal does not apply

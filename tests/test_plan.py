@@ -179,7 +179,7 @@ def test_every_gpu_recipe_passes_its_own_plan(path, hub_cache, capsys):
     assert re.findall(r"rows per forward pass: (\d+)", out) == [str(said)] * 2
     recipe = yaml.safe_load(path.read_text())
     assert recipe["vllm_max_model_length"] and recipe["save_total_limit"] and recipe["bf16"]
-    assert recipe["model_init_kwargs"]["dtype"] == "bfloat16"
+    assert recipe["model_init_kwargs"]["dtype"] == ("float32" if path.stem.endswith("_fp32base") else "bfloat16")
     if not any(a.get("lora") for a in recipe["agents"]):  # full fine-tuning keeps fp32 master weights: ZeRO-2
         launch = yaml.safe_load(_accelerate_config(path).read_text())
         assert launch["distributed_type"] == "DEEPSPEED" and launch["deepspeed_config"]["zero_stage"] == 2
