@@ -154,7 +154,7 @@ def _merge_unmerge_drift(dtype: torch.dtype, syncs: int = 58) -> tuple[float, fl
     for _ in range(syncs):
         peft_model.merge_adapter()
         peft_model.unmerge_adapter()
-    drift = torch.cat([(m.base_layer.weight.float() - b).flatten() for m, b in zip(layers, before)])
+    drift = torch.cat([(m.base_layer.weight.float() - b).flatten() for m, b in zip(layers, before, strict=True)])
     delta = torch.cat([d.flatten() for d in deltas])
     return drift.pow(2).mean().sqrt().item(), delta.pow(2).mean().sqrt().item()
 
