@@ -17,6 +17,7 @@ def _settings(share_rollouts=True):
     s.alpha = 1.0
     s.specs = [AgentSpec(name="small", model_name_or_path="org/small"), AgentSpec(name="big")]
     s.share_rollouts = share_rollouts
+    s.use_vllm, s.vllm_importance_sampling_correction = True, False
     return s
 
 
@@ -73,3 +74,17 @@ def test_append_card_section_needs_trls_card(tmp_path):
     (tmp_path / "README.md").write_text("---\nbase_model: x\n---\n")
     append_card_section(str(tmp_path), "\n## HACPO\n")
     assert (tmp_path / "README.md").read_text() == "---\nbase_model: x\n---\n\n## HACPO\n"
+
+
+def test_card_records_whether_trls_vllm_is_correction_was_applied():
+    """Review N3: the recipes turn TRL's vLLM importance-sampling correction off for the paper's loss; the card
+    says which loss the agent was trained with."""
+    s = _settings()
+    card = hacpo_card_section(s, "small", "org/small", [], 0)
+    assert "TRL's vLLM importance-sampling correction was OFF, as in the paper's loss." in card
+    recipe = json.loads(card.split("```json\n")[1].split("```")[0])
+    assert recipe["vllm_importance_sampling_correction"] is False
+    s.vllm_importance_sampling_correction, s.vllm_importance_sampling_mode = True, "sequence_mask"
+    assert "correction was ON (mode `sequence_mask`)" in hacpo_card_section(s, "small", None, [], 0)
+    s.use_vllm = False
+    assert "no vLLM importance-sampling correction applies" in hacpo_card_section(s, "small", None, [], 0)

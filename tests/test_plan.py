@@ -179,9 +179,18 @@ def test_every_gpu_recipe_passes_its_own_plan(path, hub_cache, capsys):
     assert re.findall(r"rows per forward pass: (\d+)", out) == [str(said)] * 2
     recipe = yaml.safe_load(path.read_text())
     assert recipe["vllm_max_model_length"] and recipe["save_total_limit"] and recipe["bf16"]
-    assert recipe["model_init_kwargs"]["dtype"] == "bfloat16"
-    if not any(a.get("lora") for a in recipe["agents"]):  # full fine-tuning goes through ZeRO-2
-        assert _accelerate_config(path).name.startswith("zero2_")
+    assert recipe["model_init_kwargs"]["dtype"] == ("float32" if path.stem.endswith("_fp32base") else "bfloat16")
+    if not any(a.get("lora") for a in recipe["agents"]):  # full fine-tuning keeps fp32 master weights: ZeRO-2
+        launch = yaml.safe_load(_accelerate_config(path).read_text())
+        assert launch["distributed_type"] == "DEEPSPEED" and launch["deepspeed_config"]["zero_stage"] == 2
+    # the paper's loss: no TRL vLLM importance-sampling correction (review N3), said in the recipe
+    assert recipe["vllm_importance_sampling_correction"] is False
+    assert "vllm_importance_sampling_correction: false  # the paper's loss" in path.read_text()
+    # thinking mode stated for every Qwen3 agent (review N10); the hybrid Qwen3-4B runs without thinking (v1)
+    assert "# Thinking mode:" in path.read_text()
+    for agent in recipe["agents"]:
+        if agent["model_name_or_path"] == "Qwen/Qwen3-4B":
+            assert agent["chat_template_kwargs"] == {"enable_thinking": False}
 
 
 @pytest.mark.parametrize("path", CPU_RECIPES, ids=[p.stem for p in CPU_RECIPES])
@@ -232,3 +241,40 @@ def test_plan_refuses_two_agents_on_one_vllm_server(tmp_path, capsys):
     assert plan_main(["--config", str(path), "--plan"]) == 2
     err = capsys.readouterr().err
     assert "agents 'qwen3-1.7b-base' and 'qwen3-4b-base' would share the vLLM server http://localhost:8000" in err
+
+
+PAIRS = ["qwen3_4b_x_qwen3_4b_instruct", "qwen3_1.7b_base_x_qwen3_4b_base", "qwen3_4b_base_x_llama3.2_3b_instruct"]
+HACPO_ONLY = {"output_dir", "alpha", "peer_delta", "peer_delta_step"}
+# method -> (keys that differ from the pair's HACPO recipe, G, optimizer updates per generation batch and their rows)
+BASELINES = {
+    "gspo": (
+        HACPO_ONLY | {"capability_window", "share_rollouts", "per_device_train_batch_size", "steps_per_generation"}
+        | {"save_steps"},
+        8, ["512 own + 0 peer"] * 2,
+    ),
+    "gspo_x2": (
+        HACPO_ONLY | {"capability_window", "share_rollouts", "per_device_train_batch_size", "num_generations"},
+        16, ["512 own + 0 peer"] * 4,
+    ),
+    "naive": (HACPO_ONLY | {"naive"}, 8, ["512 own + 0 peer"] * 2 + ["0 own + 512 peer"] * 2),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_baseline_recipes_are_the_pairs_hacpo_recipe_with_the_papers_baseline_schedule(pair, hub_cache, capsys):
+    """Review N8: GSPO = 2 updates of 512 rows per generation batch (not the 4 x 256 that `share_rollouts: false`
+    on the HACPO recipe gives), GSPOx2 = G 16 with HACPO's 4 x 512, Naive = HACPO's sharing and schedule with
+    `naive: true`; each is its pair's HACPO recipe with only those keys changed, and passes its own plan."""
+    hacpo = yaml.safe_load((ROOT / "recipes" / f"{pair}.yaml").read_text())
+    for method, (changed, generations, updates) in BASELINES.items():
+        path = ROOT / "recipes" / f"{pair}_{method}.yaml"
+        recipe = yaml.safe_load(path.read_text())
+        assert {k for k in hacpo.keys() | recipe.keys() if hacpo.get(k) != recipe.get(k)} == changed, method
+        assert recipe.get("share_rollouts", True) is (method == "naive") and recipe.get("naive", False) is (
+            method == "naive"
+        )
+        code = plan_main(["--config", str(path), "--plan", "--accelerate_config", str(_accelerate_config(path))])
+        out = capsys.readouterr().out
+        assert code == 0 and "plan: OK" in out, out
+        assert out.count(f"generation batch: 128 prompts x {generations} = {128 * generations} completions") == 2
+        assert out.count(f"{len(updates)} optimizer updates per generation batch: {', '.join(updates)}\n") == 2

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from .demo import resolve_model
 
-__all__ = ["check_batch_supported", "check_supported", "moe_loss_message", "resolve_agent"]
+__all__ = [
+    "check_batch_supported",
+    "check_supported",
+    "check_trainable_precision",
+    "moe_loss_message",
+    "resolve_agent",
+]
 
 _UNSUPPORTED_KEYS = ("pixel_values", "image_grid_thw", "tool_mask", "num_images")
 
@@ -66,3 +72,56 @@ def resolve_agent(spec, model=None, processing_class=None, peft_config=None):
 
         peft_config = LoraConfig(**{"task_type": "CAUSAL_LM", **spec.lora})
     return model, base_model, processing_class, peft_config
+
+
+def _upcasting_launch(args) -> str | None:
+    """The engine that keeps fp32 master weights for bf16/fp16 parameters (DeepSpeed ZeRO, FSDP), or None."""
+    import os
+
+    true = ("1", "true", "yes")
+    if getattr(args, "deepspeed", None) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in true:
+        return "DeepSpeed"
+    if getattr(args, "fsdp", None) or os.environ.get("ACCELERATE_USE_FSDP", "").lower() in true:
+        return "FSDP"
+    return None
+
+
+def _load_dtype(model, args):
+    """The dtype the trainable weights will have after TRL loads ``model`` (a path or an instance), or None when
+    it cannot be told without loading."""
+    import torch
+
+    if isinstance(model, torch.nn.Module):
+        dtypes = {p.dtype for p in model.parameters() if p.requires_grad}
+        return dtypes.pop() if len(dtypes) == 1 else None
+    dtype = (args.model_init_kwargs or {}).get("dtype", (args.model_init_kwargs or {}).get("torch_dtype", "auto"))
+    if dtype in (None, "auto"):  # transformers v5: the dtype saved in the model's config
+        try:
+            from transformers import AutoConfig
+
+            dtype = getattr(AutoConfig.from_pretrained(model), "dtype", None)
+        except (OSError, ValueError):
+            return None
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def check_trainable_precision(args, model, peft_config, agent: str) -> None:
+    """Refuse, before the model is loaded, full fine-tuning that would update bf16/fp16 parameters with a plain torch
+    optimizer (DDP or one process): AdamW steps of ~1e-6 round away in bf16, so the model would not learn (review N1).
+    DeepSpeed ZeRO and FSDP keep fp32 master weights; LoRA adapters are fp32 (peft's default)."""
+    import torch
+
+    if peft_config is not None or _upcasting_launch(args) is not None:
+        return
+    dtype = _load_dtype(model, args)
+    if dtype not in (torch.bfloat16, torch.float16):
+        return
+    name = str(dtype).removeprefix("torch.")
+    raise ValueError(
+        f"agent {agent!r}: full fine-tuning would update {name} weights with a plain torch optimizer (no DeepSpeed "
+        f"ZeRO or FSDP keeping fp32 master weights), so updates of ~1e-6 round away and the model does not learn. "
+        "Launch with a DeepSpeed ZeRO or FSDP accelerate config (e.g. accelerate_configs/zero2_8gpu.yaml or "
+        "multi_node_zero2.yaml), load float32 (`model_init_kwargs: {dtype: float32}`), or train LoRA adapters."
+    )

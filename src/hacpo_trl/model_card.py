@@ -26,6 +26,7 @@ CARD_SETTINGS = (
     "alpha", "peer_delta", "peer_delta_step", "capability_window", "capability_baseline", "capability_coefficient",
     "peer_clipping", "naive", "peer_filter", "learn_from", "capability_gate", "peer_fade_steps", "epsilon",
     "epsilon_high", "num_generations", "learning_rate", "temperature", "max_completion_length", "beta",
+    "use_vllm", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
 )  # fmt: skip
 
 
@@ -47,6 +48,7 @@ def hacpo_card_section(
         lines += [f"- `{p.name}`: `{p.model_name_or_path or 'in-memory model'}`" for p in peers]
     else:
         lines.append("It was trained on its own completions only (no rollout sharing).")
+    lines += ["", _is_correction_sentence(settings)]
     recipe = {k: getattr(settings, k) for k in CARD_SETTINGS}
     lines += ["", "Recipe (HACPO settings):", "", "```json", json.dumps(recipe, indent=2, default=str), "```", ""]
     final: dict[str, float] = {}
@@ -59,6 +61,19 @@ def hacpo_card_section(
         lines += [f"| {k} | {v:.4g} |" for k, v in final.items() if isinstance(v, int | float)]
         lines += [f"| global step | {global_step} |", ""]
     return "\n".join(lines) + "\n"
+
+
+def _is_correction_sentence(settings) -> str:
+    """Whether TRL's vLLM importance-sampling correction reweighted the self rows: the paper's loss has none."""
+    if not settings.use_vllm:
+        return "Generation ran through the trainer's own model, so no vLLM importance-sampling correction applies."
+    if settings.vllm_importance_sampling_correction:
+        return (
+            "TRL's vLLM importance-sampling correction was ON (mode "
+            f"`{settings.vllm_importance_sampling_mode}`): self rows were reweighted by the trainer/vLLM probability "
+            "ratio, which the paper's loss does not do."
+        )
+    return "TRL's vLLM importance-sampling correction was OFF, as in the paper's loss."
 
 
 @contextmanager

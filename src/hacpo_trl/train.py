@@ -16,6 +16,7 @@ import sys
 
 # Recipe reading and checking live in `hacpo_trl.recipe`; the names are re-exported here for existing callers.
 from .recipe import HACPOScriptArguments, RecipeError, check_recipe, config_path, load_recipe
+from .trackers import check_trackers
 
 __all__ = ["HACPOScriptArguments", "RecipeError", "check_recipe", "load_recipe", "main"]
 
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         script_args, config = parser.parse_args_and_config(argv)
         if not config.agents:
             raise RecipeError("recipe key 'agents' is missing: name at least one agent with its model_name_or_path")
+        check_trackers(config.report_to, warn=rank0)  # before any download or vLLM start-up
         from .rewards import get_reward_funcs
 
         reward_funcs = get_reward_funcs(script_args.reward_funcs)

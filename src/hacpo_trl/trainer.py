@@ -51,7 +51,13 @@ from .exchange import (
     rewards_by_agent,
     with_prompt_ids,
 )
-from .loading import check_batch_supported, check_supported, moe_loss_message, resolve_agent
+from .loading import (
+    check_batch_supported,
+    check_supported,
+    check_trainable_precision,
+    moe_loss_message,
+    resolve_agent,
+)
 from .model_card import PAPER, append_card_section, hacpo_card_section, hub_base_model
 from .peer_loss import batch_row_flags, current_update, gradient_rows, rows_loss, score_peer_rows, self_on_policy
 from .peer_rows import add_self_columns, append_peer_rows, build_peer_rows, order_rows, own_rewards, self_prompt_tokens
@@ -95,6 +101,7 @@ class HACPOTrainer(GRPOTrainer):
         model, self._base_model, processing_class, peft_config = resolve_agent(
             spec, model, processing_class, peft_config
         )
+        check_trainable_precision(args, model, peft_config, spec.name)
 
         use_agent_engine_seeds()  # each agent's vLLM engines sample with their own seeds
         super().__init__(
