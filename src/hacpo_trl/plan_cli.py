@@ -15,7 +15,16 @@ import sys
 import yaml
 
 from . import balance
-from .plan import DATASET_ROWS, Launch, ModelDims, format_plan, launch_from_accelerate, launch_from_env, make_plan
+from .plan import (
+    DATASET_ROWS,
+    DEVICE_GIB,
+    Launch,
+    ModelDims,
+    format_plan,
+    launch_from_accelerate,
+    launch_from_env,
+    make_plan,
+)
 from .recipe import RecipeError, check_recipe, load_recipe
 
 __all__ = ["main", "model_config"]
@@ -61,6 +70,15 @@ def _builtin_config(name: str) -> dict:
     return build(tok, hidden_size=spec.hidden_size, layers=spec.layers, seed=spec.seed).config.to_dict()
 
 
+def _trl_fuses_lm_head() -> bool:
+    """TRL >= 1.16 computes log-probs with a fused LM head; older TRLs materialise the logits."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return Version(version("trl")) >= Version("1.16")
+
+
 def _defaults() -> dict:
     """`HACPOConfig`'s defaults (TRL's and ours) for what a recipe leaves out."""
     import dataclasses
@@ -89,7 +107,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", required=True, help="the recipe")
     parser.add_argument("--plan", action="store_true")
     parser.add_argument("--accelerate_config", help="the accelerate config file the run will be launched with")
-    parser.add_argument("--gpu_memory_gib", type=float, default=79.6, help="memory of one GPU (80 GB cards: 79.6)")
+    parser.add_argument(
+        "--gpu_memory_gib",
+        type=float,
+        default=DEVICE_GIB,
+        help=f"memory torch can use on one GPU (80 GB cards: {DEVICE_GIB}; torch.cuda.mem_get_info()[1] / 2**30)",
+    )
     parser.add_argument("--dataset_rows", type=int, default=None, help="prompts in the training split")
     args, rest = parser.parse_known_args(argv)
     try:
@@ -110,7 +133,9 @@ def main(argv: list[str]) -> int:
         dims = {s.name: ModelDims.from_config(model_config(s.model_name_or_path)) for s in specs}
         rows = args.dataset_rows if args.dataset_rows is not None else _dataset_rows(recipe)
         agents = [{k: v for k, v in vars(s).items() if v is not None} for s in specs]
-        plan = make_plan({**_defaults(), **recipe, "agents": agents}, dims, launch, args.gpu_memory_gib, rows)
+        plan = make_plan(
+            {**_defaults(), **recipe, "agents": agents}, dims, launch, args.gpu_memory_gib, rows, _trl_fuses_lm_head()
+        )
         for name, (url, port) in vllm_servers(specs, recipe).items():
             plan.notes.append(
                 f"agent {name!r} generates on the vLLM server {url} (weight-sync port {port}): start it on its own "
