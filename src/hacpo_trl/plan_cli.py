@@ -27,7 +27,7 @@ from .plan import (
 )
 from .recipe import RecipeError, check_recipe, load_recipe
 
-__all__ = ["main", "model_config"]
+__all__ = ["build_plan", "main", "model_config"]
 
 
 def model_config(name_or_path: str) -> dict:
@@ -100,9 +100,46 @@ def _dataset_rows(recipe: dict) -> int | None:
     return DATASET_ROWS.get(recipe.get("dataset_name"))
 
 
-def main(argv: list[str]) -> int:
+def build_plan(
+    config: str,
+    accelerate_config: str | None,
+    gpu_memory_gib: float | None = DEVICE_GIB,
+    dataset_rows: int | None = None,
+    overrides: list[str] = (),
+):
+    """The `hacpo_trl.plan.Plan` of a recipe file under an accelerate config file (or the launch environment).
+    Raises RecipeError, ValueError or OSError when an input cannot be read."""
     from .config import _as_specs, check_vllm_servers, vllm_servers
 
+    recipe = load_recipe(config, list(overrides))
+    if accelerate_config:
+        if not os.path.isfile(accelerate_config):
+            raise RecipeError(f"accelerate config {accelerate_config!r} does not exist")
+        with open(accelerate_config) as f:
+            launch = launch_from_accelerate(yaml.safe_load(f), source=os.path.basename(accelerate_config))
+    else:
+        launch = launch_from_env(dict(os.environ)) or Launch(
+            "cpu" if recipe.get("use_cpu") else "ddp",
+            source="assumed: no --accelerate_config and no launch environment",
+        )
+    check_recipe(recipe, num_processes=launch.num_processes)
+    specs = _as_specs(recipe["agents"])
+    check_vllm_servers(specs, recipe)
+    dims = {s.name: ModelDims.from_config(model_config(s.model_name_or_path)) for s in specs}
+    rows = dataset_rows if dataset_rows is not None else _dataset_rows(recipe)
+    agents = [{k: v for k, v in vars(s).items() if v is not None} for s in specs]
+    plan = make_plan(
+        {**_defaults(), **recipe, "agents": agents}, dims, launch, gpu_memory_gib, rows, _trl_fuses_lm_head()
+    )
+    for name, (url, port) in vllm_servers(specs, recipe).items():
+        plan.notes.append(
+            f"agent {name!r} generates on the vLLM server {url} (weight-sync port {port}): start it on its own "
+            "GPU before the launch; its memory is not part of this plan"
+        )
+    return plan
+
+
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="hacpo-train --plan", description=__doc__)
     parser.add_argument("--config", required=True, help="the recipe")
     parser.add_argument("--plan", action="store_true")
@@ -116,31 +153,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dataset_rows", type=int, default=None, help="prompts in the training split")
     args, rest = parser.parse_known_args(argv)
     try:
-        recipe = load_recipe(args.config, rest)
-        if args.accelerate_config:
-            if not os.path.isfile(args.accelerate_config):
-                raise RecipeError(f"accelerate config {args.accelerate_config!r} does not exist")
-            with open(args.accelerate_config) as f:
-                launch = launch_from_accelerate(yaml.safe_load(f), source=os.path.basename(args.accelerate_config))
-        else:
-            launch = launch_from_env(dict(os.environ)) or Launch(
-                "cpu" if recipe.get("use_cpu") else "ddp",
-                source="assumed: no --accelerate_config and no launch environment",
-            )
-        check_recipe(recipe, num_processes=launch.num_processes)
-        specs = _as_specs(recipe["agents"])
-        check_vllm_servers(specs, recipe)
-        dims = {s.name: ModelDims.from_config(model_config(s.model_name_or_path)) for s in specs}
-        rows = args.dataset_rows if args.dataset_rows is not None else _dataset_rows(recipe)
-        agents = [{k: v for k, v in vars(s).items() if v is not None} for s in specs]
-        plan = make_plan(
-            {**_defaults(), **recipe, "agents": agents}, dims, launch, args.gpu_memory_gib, rows, _trl_fuses_lm_head()
-        )
-        for name, (url, port) in vllm_servers(specs, recipe).items():
-            plan.notes.append(
-                f"agent {name!r} generates on the vLLM server {url} (weight-sync port {port}): start it on its own "
-                "GPU before the launch; its memory is not part of this plan"
-            )
+        plan = build_plan(args.config, args.accelerate_config, args.gpu_memory_gib, args.dataset_rows, rest)
     except (RecipeError, ValueError, OSError) as exc:
         print(f"hacpo-train --plan: error: {exc}", file=sys.stderr)
         return 2
