@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     from hacpo_trl.recipe import load_recipe
 
     device_gib = torch.cuda.mem_get_info()[1] / 2**30
-    plan = build_plan(args.config, args.accelerate_config, device_gib)
+    plan = build_plan(load_recipe(args.config), args.accelerate_config, device_gib)
     name = Path(args.config).stem
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:

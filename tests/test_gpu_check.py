@@ -76,7 +76,8 @@ def test_report_of_the_4b_recipe_by_hand():
 
 def test_report_of_a_small_model_recipe():
     """The CPU miniature's own plan (built-in agents; no device allowances on CPU), fed with measurements."""
-    plan = build_plan(str(ROOT / "recipes" / "tiny_model.yaml"), str(ROOT / "accelerate_configs" / "cpu_2agents.yaml"))
+    recipe = load_recipe(str(ROOT / "recipes" / "tiny_model.yaml"))
+    plan = build_plan(recipe, str(ROOT / "accelerate_configs" / "cpu_2agents.yaml"))
     peaks = {a.name: a.peak_gib for a in plan.agents}
     measured = [
         {"rank": i, "agent": a.name, "peak_reserved_gib": 2 * peaks[a.name], "times": {"generate": 1.5}}

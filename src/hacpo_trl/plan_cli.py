@@ -101,17 +101,15 @@ def _dataset_rows(recipe: dict) -> int | None:
 
 
 def build_plan(
-    config: str,
+    recipe: dict,
     accelerate_config: str | None,
     gpu_memory_gib: float | None = DEVICE_GIB,
     dataset_rows: int | None = None,
-    overrides: list[str] = (),
 ):
-    """The `hacpo_trl.plan.Plan` of a recipe file under an accelerate config file (or the launch environment).
-    Raises RecipeError, ValueError or OSError when an input cannot be read."""
+    """The `hacpo_trl.plan.Plan` of a recipe (as `load_recipe` reads it) under an accelerate config file (or the
+    launch environment). Raises RecipeError, ValueError or OSError when an input cannot be read."""
     from .config import _as_specs, check_vllm_servers, vllm_servers
 
-    recipe = load_recipe(config, list(overrides))
     if accelerate_config:
         if not os.path.isfile(accelerate_config):
             raise RecipeError(f"accelerate config {accelerate_config!r} does not exist")
@@ -153,7 +151,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dataset_rows", type=int, default=None, help="prompts in the training split")
     args, rest = parser.parse_known_args(argv)
     try:
-        plan = build_plan(args.config, args.accelerate_config, args.gpu_memory_gib, args.dataset_rows, rest)
+        recipe = load_recipe(args.config, rest)
+        plan = build_plan(recipe, args.accelerate_config, args.gpu_memory_gib, args.dataset_rows)
     except (RecipeError, ValueError, OSError) as exc:
         print(f"hacpo-train --plan: error: {exc}", file=sys.stderr)
         return 2
