@@ -76,16 +76,17 @@ def test_evaluate_avg_and_best_at_k():
     model = tiny_llama(tok)
     data = arithmetic_splits()["test"].select(range(6))
     calls = []
+    generate = model.generate
+    model.generate = lambda **kw: calls.append(len(kw["input_ids"])) or generate(**kw)
 
-    def reward(completions, answer, **kw):  # scores by position: problems 0 and 1 right on their first sample
-        calls.append(len(completions))
-        return [1.0 if i in (0, 3) else 0.0 for i in range(len(completions))]
+    def reward(completions, answer, **kw):  # completions come problem by problem, k each: problems 0 and 1 right
+        return [1.0 if i in (0, 3) else 0.0 for i in range(len(completions))]  # on their first sample
 
     torch.manual_seed(0)
     result = evaluate_model(model, tok, data, reward, k=3, temperature=1.0, max_new_tokens=2, batch_size=2)
-    # batches of 2 problems x 3 samples: in each batch sample 0 of problem 0 and sample 0 of problem 1 are right
+    # generate runs 2 problems x 3 samples at a time; scores: problems 0 and 1 right once each
     assert calls == [6, 6, 6]
-    assert result.avg_at_k == pytest.approx(6 / 18) and result.best_at_k == pytest.approx(1.0) and result.n == 6
+    assert result.avg_at_k == pytest.approx(2 / 18) and result.best_at_k == pytest.approx(2 / 6) and result.n == 6
     with pytest.raises(ValueError, match="temperature"):
         evaluate_model(model, tok, data, reward, k=2)
 

@@ -1,7 +1,9 @@
-"""Evaluate each agent on its own, as the standalone model it is at inference: its own tokenizer and chat template.
+"""Evaluate each agent on its own, as the standalone model it is at inference: its own tokenizer and chat template
+(with the ``chat_template_kwargs`` it was trained with, from the record `hacpo-train` writes next to it).
 
 Greedy decoding gives avg@1; with ``k > 1`` samples per problem (``temperature > 0``) it reports avg@k (mean
-accuracy over the samples) and best@k (a problem counts if any sample is right), the paper's two protocols.
+accuracy over the samples) and best@k (a problem counts if any sample is right), the paper's two protocols. On a GPU
+the transformers backend generates only as many sequences at once as their KV cache fits in the free memory.
 """
 
 from __future__ import annotations
@@ -12,7 +14,19 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-__all__ = ["EvalResult", "eval_placement", "evaluate_model", "evaluate_with_vllm", "load_for_eval"]
+__all__ = [
+    "EvalResult",
+    "eval_placement",
+    "evaluate_model",
+    "evaluate_with_vllm",
+    "kv_cache_bytes",
+    "load_for_eval",
+    "sequences_per_batch",
+    "trained_task",
+]
+
+MAIN_TABLE_NEW_TOKENS = 8192  # the paper's generation budget for its main table (4096 for the ablations)
+GENERATION_MEMORY_FRACTION = 0.9  # of the free device memory: the rest for generate's own buffers and fragmentation
 
 
 @dataclass
@@ -65,6 +79,41 @@ def _result(scores: torch.Tensor) -> EvalResult:
     )
 
 
+def kv_cache_bytes(config: dict, tokens: int, dtype_bytes: int = 2) -> int:
+    """Key/value cache of one sequence of ``tokens`` tokens (K and V of every layer), from the model's config."""
+    from .plan import ModelDims
+
+    d = ModelDims.from_config(config)
+    return 2 * d.layers * d.kv_heads * d.head_dim * dtype_bytes * tokens
+
+
+def sequences_per_batch(
+    config: dict, dtype_bytes: int, prompt_tokens: int, max_new_tokens: int, wanted: int, free_bytes: int | None
+) -> int:
+    """How many sequences one ``generate`` call may run: ``wanted``, bounded by the KV cache of full-length
+    sequences (plus one fp32 logits row each) fitting in 90% of ``free_bytes`` (None: no bound, e.g. CPU RAM).
+    Raises ValueError with the numbers when not even one sequence fits."""
+    if free_bytes is None:
+        return wanted
+    vocab = int(config.get("text_config", config)["vocab_size"])
+    per_sequence = kv_cache_bytes(config, prompt_tokens + max_new_tokens, dtype_bytes) + 2 * 4 * vocab
+    fits = int(free_bytes * GENERATION_MEMORY_FRACTION) // per_sequence
+    if fits < 1:
+        raise ValueError(
+            f"one sequence of {prompt_tokens} prompt + {max_new_tokens} new tokens needs "
+            f"{per_sequence / 2**30:.2f} GiB of KV cache but only {free_bytes / 2**30:.2f} GiB is free; lower "
+            "--max_new_tokens or use --backend vllm"
+        )
+    return min(wanted, fits)
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    """Free memory of a CUDA device (after the weights are loaded); None elsewhere (no bound on CPU RAM)."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.mem_get_info(device)[0])
+
+
 @torch.no_grad()
 def evaluate_model(
     model,
@@ -79,23 +128,34 @@ def evaluate_model(
     chat_template_kwargs: dict | None = None,
     progress: bool = False,
     desc: str = "eval",
+    memory_bytes: int | None = None,
 ) -> EvalResult:
-    """Score ``model`` on ``dataset`` (columns ``prompt`` and what ``reward_func`` needs, e.g. ``answer``)."""
+    """Score ``model`` on ``dataset`` (columns ``prompt`` and what ``reward_func`` needs, e.g. ``answer``).
+
+    Each ``generate`` call runs at most ``batch_size`` problems x ``k`` samples, and on a GPU no more sequences than
+    `sequences_per_batch` allows for the free memory (``memory_bytes`` stands in for it, e.g. in a CPU test)."""
     _check_sampling(k, temperature)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     rows = list(dataset)
-    scores = torch.zeros(len(rows), k)
-    for start in tqdm(range(0, len(rows), batch_size), disable=not progress, desc=desc):
-        chunk = rows[start : start + batch_size]
-        prompts = [_prompt_ids(tokenizer, r, chat_template_kwargs) for r in chunk]
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts], device=device)
-        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    prompts = [_prompt_ids(tokenizer, r, chat_template_kwargs) for r in rows]
+    free = memory_bytes if memory_bytes is not None else _free_bytes(device)
+    dtype_bytes = next(model.parameters()).element_size()
+    widest = max((len(p) for p in prompts), default=0)
+    per_call = sequences_per_batch(model.config.to_dict(), dtype_bytes, widest, max_new_tokens, batch_size * k, free)
+    if per_call < batch_size * k and progress:
+        print(f"{desc}: generating {per_call} sequences at a time (KV cache bound; asked for {batch_size} x {k})")
+    sequences = [(i, s) for i in range(len(rows)) for s in range(k)]
+    texts: list[str] = []
+    for start in tqdm(range(0, len(sequences), per_call), disable=not progress, desc=desc):
+        chunk = [prompts[i] for i, _ in sequences[start : start + per_call]]
+        width = max(len(p) for p in chunk)
+        ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in chunk], device=device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
         out = model.generate(
-            input_ids=ids.repeat_interleave(k, 0),
-            attention_mask=attention.repeat_interleave(k, 0),
+            input_ids=ids,
+            attention_mask=attention,
             max_new_tokens=max_new_tokens,
             do_sample=temperature > 0,
             temperature=temperature if temperature > 0 else None,
@@ -104,10 +164,9 @@ def evaluate_model(
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
         )
-        texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-        scores[start : start + len(chunk)] = _score(reward_func, chunk, texts, k)
+        texts += tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
     model.train(was_training)
-    return _result(scores)
+    return _result(_score(reward_func, rows, texts, k)) if rows else _result(torch.zeros(0, k))
 
 
 def evaluate_with_vllm(
@@ -118,7 +177,7 @@ def evaluate_with_vllm(
     *,
     k: int = 1,
     temperature: float = 0.0,
-    max_new_tokens: int = 4096,
+    max_new_tokens: int = MAIN_TABLE_NEW_TOKENS,
     chat_template_kwargs: dict | None = None,
     **llm_kwargs,
 ) -> EvalResult:
@@ -243,6 +302,22 @@ def load_benchmark(bench: Benchmark):
     return data.map(convert, remove_columns=data.column_names)
 
 
+TASK_RECORD = "hacpo_task.json"  # written next to each saved agent by `hacpo-train`: what it was trained on
+
+
+def trained_task(path: str) -> dict | None:
+    """What the agent in ``path`` was trained on (task, eval split and size, completion length, chat template
+    kwargs), or None for a model that `hacpo-train` did not save."""
+    import json
+    import os
+
+    record = os.path.join(path, TASK_RECORD)
+    if not os.path.isfile(record):
+        return None
+    with open(record) as f:
+        return json.load(f)
+
+
 def _markdown(results: dict[str, dict[str, dict]]) -> str:
     benches = sorted({b for per_model in results.values() for b in per_model})
     lines = ["| model | " + " | ".join(benches) + " |", "|---|" + "---|" * len(benches)]
@@ -277,12 +352,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--answer_column", default="answer")
     parser.add_argument("--k", type=int, default=1, help="samples per problem: avg@k and best@k")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--max_new_tokens", type=int, default=4096)
+    parser.add_argument(
+        "--max_new_tokens",
+        type=int,
+        default=MAIN_TABLE_NEW_TOKENS,
+        help="the paper's main table: 8192 (its ablations: 4096); built-in arithmetic: at most 8",
+    )
     parser.add_argument("--limit", type=int, default=None, help="evaluate the first N problems only")
-    parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument(
+        "--batch_size",
+        type=int,
+        default=16,
+        help="problems per generate call (x k samples), lowered to fit the KV cache",
+    )
     parser.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="generate with transformers or vLLM")
     parser.add_argument(
-        "--chat_template_kwargs", type=json.loads, default=None, help="e.g. '{\"enable_thinking\": false}'"
+        "--chat_template_kwargs",
+        type=json.loads,
+        default=None,
+        help="e.g. '{\"enable_thinking\": false}'; default: the agent's own from training (hacpo_task.json)",
     )
     parser.add_argument("--output_dir", default="eval_results")
     args = parser.parse_args(argv)
@@ -311,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
         tok = AutoTokenizer.from_pretrained(path, padding_side="left")
         name = os.path.basename(os.path.normpath(path))
         results[name] = {}
+        template_kwargs = args.chat_template_kwargs
+        if template_kwargs is None:  # as the agent was trained (e.g. Qwen3 with enable_thinking false)
+            template_kwargs = (trained_task(path) or {}).get("chat_template_kwargs")
         for bench_name, bench in benches.items():
             if bench is None:
                 data, reward, max_new = arithmetic_splits()["test"], arithmetic_exact_match, min(args.max_new_tokens, 8)
@@ -320,9 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                 data = data.select(range(min(args.limit, len(data))))
             sampling = dict(k=args.k, temperature=args.temperature, max_new_tokens=max_new)
             if args.backend == "vllm":
-                result = evaluate_with_vllm(
-                    path, tok, data, reward, chat_template_kwargs=args.chat_template_kwargs, **sampling
-                )
+                result = evaluate_with_vllm(path, tok, data, reward, chat_template_kwargs=template_kwargs, **sampling)
             else:
                 result = evaluate_model(
                     model,
@@ -330,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
                     data,
                     reward,
                     batch_size=args.batch_size,
-                    chat_template_kwargs=args.chat_template_kwargs,
+                    chat_template_kwargs=template_kwargs,
                     progress=True,
                     desc=f"{name} / {bench_name}",
                     **sampling,

@@ -4,27 +4,34 @@ Pure Python (no torch, no trl): every figure comes from the recipe, the launch (
 each model's ``config.json``, so a user can check a GPU recipe on a laptop. `hacpo_trl.plan_cli` reads the files
 and prints the plan; ``hacpo-train --config R --plan`` calls it.
 
-The memory model is an estimate, written out term by term so that each line can be checked by hand:
+The memory model is an estimate, written out term by term so that each line can be checked by hand (the audit behind
+it, term by term against DeepSpeed, TRL 1.16 and the ZeRO paper: docs/reviews/plan-audit.md in the shared docs):
 
 * bytes per parameter follow the parallelism: plain DDP keeps the weights in their load dtype (TRL loads float32
   unless ``model_init_kwargs.dtype`` says otherwise) plus gradients, DDP's gradient buckets (``gradient_as_bucket_view``
   is off) and AdamW's two moments in the parameter dtype; DeepSpeed ZeRO with bf16 keeps bf16 weights and shards an
-  fp32 master copy, fp32 Adam moments (stage >= 1) and fp32 gradient partitions (stage >= 2) over the agent's ranks
-  (the ZeRO paper's accounting, with fp32 gradient partitions); FSDP shards float32 weights (accelerate upcasts
-  trainable low-precision parameters under mixed precision), gradients and Adam moments;
+  fp32 master copy and fp32 Adam moments (stage >= 1) over the agent's ranks. Its gradient partitions (stage >= 2)
+  are bf16 (DeepSpeed's default ``grad_accum_dtype`` is the model dtype), but two of them coexist during each
+  accumulation backward, so 4 bytes per parameter / N; one reduce bucket (``overlap_comm`` is off for stage 2 by
+  default; the all-gather is in place). That is DeepSpeed's own ``estimate_zero2_model_states_mem_needs``. FSDP
+  shards float32 weights (accelerate upcasts trainable low-precision parameters under mixed precision), gradients
+  and Adam moments;
 * the reference model exists only for full fine-tuning with ``beta > 0`` (LoRA disables the adapter instead), in the
   training dtype (bf16 under DeepSpeed, where TRL prepares it as a stage-0 bf16 engine);
 * vLLM colocate reserves ``vllm_gpu_memory_utilization`` x device memory on every rank; with
-  ``vllm_enable_sleep_mode`` that memory is released for the backward pass, so the peak is the larger of the two phases;
+  ``vllm_enable_sleep_mode`` that memory is released for the training passes (TRL sleeps vLLM at level 2), so the
+  peak is the larger of the two phases;
 * activations assume the worst case: every row of a forward pass as long as ``vllm_max_model_length`` (or the
-  completion budget plus 1,024 prompt tokens) and every completion at ``max_completion_length``: the checkpointed layer
-  inputs, one layer recomputed, and the completion logits (bf16 logits plus the saved log-softmax, 4 bytes each).
-  HACPO runs ``n_agents x per_device_train_batch_size`` rows per forward (own and peer rows), not
-  ``per_device_train_batch_size``;
-* a fixed allowance for the CUDA context, NCCL buffers and allocator slack.
+  completion budget plus 1,024 prompt tokens) and every completion at ``max_completion_length``. They are the
+  checkpointed layer inputs, one decoder layer recomputed (what HF eager saves per token, see
+  `layer_bytes_per_token`, plus 50% for backward transients) and TRL 1.16's fused LM head, which never builds the
+  (rows x tokens x vocab) logits (see `lm_head_bytes`). HACPO runs ``n_agents x per_device_train_batch_size`` rows
+  per forward (own and peer rows), not ``per_device_train_batch_size``;
+* fixed allowances, split: the CUDA context, NCCL communicators and allocator fragmentation (see the constants).
 
-Not modelled: fragmentation beyond that allowance, vLLM's CUDA graphs beyond its profiling allowance, tensor
-parallelism in vLLM, ZeRO offload, quantised models, and anything about speed.
+`error_bar` says how far the peak could be off and why. Not modelled: vLLM's CUDA graphs beyond its profiling
+allowance, tensor parallelism in vLLM, ZeRO offload, ZeRO-3 prefetch buffers, FSDP2's unsharded layer buffers,
+quantised models, and anything about speed.
 """
 
 from __future__ import annotations
@@ -44,9 +51,19 @@ __all__ = [
 ]
 
 GIB = 1024**3
-OVERHEAD_GIB = 2.0  # CUDA context, NCCL buffers, allocator slack (per rank)
+# Fixed allowances per GPU rank (no measurement here; ranges from the plan audit, §2 and §4):
+CUDA_CONTEXT_GIB = 0.75  # the trainer process's CUDA context + cuBLAS workspaces: 0.5-0.8 GiB on A100/H100
+NCCL_GIB_PER_COMMUNICATOR = 0.7  # 0.5-0.7 GiB per communicator that carries traffic (NVIDIA/nccl#964); more with NVLS
+NCCL_COMMUNICATORS = 2  # the world group (exchange, accelerate gathers) + the agent's data-parallel group (or
+#                         DeepSpeed's clone of the world group)
+FRAGMENTATION_GIB = 3.0  # reserved-but-unallocated memory in variable-length RL: 1-5 GiB is typical (trl#2927)
+SERVER_UTILIZATION = 0.9  # `trl vllm-serve`'s default --gpu_memory_utilization
+QUEUE_FACTOR = 4  # flag a vLLM engine that runs fewer than 1/4 of a generation batch's requests at once
 VLLM_OVERHEAD_GIB = 2.0  # vLLM's profiling activations and CUDA graphs inside its share
 DS_BUCKET_ELEMENTS = 5e8  # DeepSpeed's default reduce_bucket_size and allgather_bucket_size (elements)
+FUSED_HEAD_TOKENS, FUSED_HEAD_VOCAB = 4096, 32768  # TRL 1.16's fused LM head tile (chunked_logprob.py)
+BACKWARD_TRANSIENTS = 1.5  # a recomputed layer's backward adds 30-60% of what it saves (audit §2)
+DEVICE_GIB = 79.2  # what torch can use on an 80 GB H100/A100 (OOM messages quote 79.1-79.3 GiB)
 DEFAULT_PROMPT_TOKENS = 1024  # prompt allowance when `vllm_max_model_length` is not set
 DATASET_ROWS = {"DigitalLearningGmbH/MATH-lighteval": 7500}  # MATH train split (Hendrycks et al., 2021)
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
@@ -126,6 +143,20 @@ class ModelDims:
             targets = [target_modules] if isinstance(target_modules, str) else list(target_modules)
         per_layer = sum(r * (a + b) for name, (a, b) in self._linears().items() if name in targets)
         return self.layers * per_layer
+
+    def layer_bytes_per_token(self, act_bytes: int = 2) -> int:
+        """What one HF-eager decoder layer saves for its backward, per token, in ``act_bytes`` activations: its two
+        RMSNorms 8h each (input + fp32 upcast + output: 2h + 4h + 2h in bf16); attention's q, k and v (k and v
+        repeated to all heads: under a padding mask SDPA does not use GQA), its output and o_proj's input, 5 q-wide
+        tensors; Qwen3's q/k RMSNorms, 3 bytes per element each side of the norm (6 (q + kv)); SwiGLU's gate, up,
+        act(gate) and their product, 4 I-wide tensors. Qwen3-4B: 40,960 + 40,960 + 30,720 + 77,824 = 190,464 B."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        scale = act_bytes / 2
+        norms = 16 * self.hidden
+        attention = 10 * q
+        qk_norm = 6 * (q + kv) if self.qk_norm else 0
+        mlp = 8 * self.intermediate
+        return int((norms + attention + qk_norm + mlp) * scale)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -218,6 +249,9 @@ class AgentPlan:
     peak_gib: float
     checkpoint_gib: float
     vllm: dict[str, float] = field(default_factory=dict)
+    error_gib: tuple[float, float] = (0.0, 0.0)  # the peak may be this much lower / higher (see `error_bar`)
+    checkpoint_parts: dict[str, float] = field(default_factory=dict)  # GiB per file of one checkpoint
+    final_model_gib: float = 0.0
 
 
 @dataclass
@@ -305,6 +339,7 @@ def memory_per_rank(
     gradient_checkpointing: bool,
     vllm_gib: float,
     on_gpu: bool = True,
+    fused_lm_head: bool = True,
 ) -> dict[str, float]:
     """GiB per rank, item by item (see the module docstring for the model behind each line)."""
     p, t, n = dims.params, trainable, n_ranks
@@ -317,9 +352,9 @@ def memory_per_rank(
         items = {
             "weights": weights,
             "fp32 master weights": master / (n if s >= 1 else 1),
-            "gradients": (4 * t / n) if s >= 2 else w * t,
+            "gradients": (2 * w * t / n) if s >= 2 else w * t,  # two bf16 partitions during accumulation
             "optimizer state": 8 * t / (n if s >= 1 else 1),
-            "gradient buckets": 2 * w * min(DS_BUCKET_ELEMENTS, t),
+            "gradient buckets": w * min(DS_BUCKET_ELEMENTS, t),  # one reduce bucket; the all-gather is in place
         }
         ref_bytes = p * w / (n if s >= 3 else 1)
         residual_bytes = w
@@ -338,40 +373,94 @@ def memory_per_rank(
         ref_bytes = p * load_bytes / shard
         residual_bytes = lw if lora else w  # autocast keeps the residual stream in the weights' dtype
     items["reference model"] = ref_bytes if beta > 0 and not lora else 0.0
-    layers = dims.layers if gradient_checkpointing else 0
-    checkpointed = rows_per_forward * seq_len * dims.hidden * layers * residual_bytes
-    per_layer = rows_per_forward * seq_len * (6 * dims.hidden + 3 * dims.intermediate) * 2
-    recomputed = per_layer if gradient_checkpointing else per_layer * dims.layers
-    logits = rows_per_forward * completion_len * dims.vocab * 4
-    items["activations"] = checkpointed + recomputed + logits
+    act = residual_bytes if residual_bytes in (2, 4) else 2
+    tokens = rows_per_forward * seq_len
+    layer = tokens * dims.layer_bytes_per_token(act)
+    if gradient_checkpointing:  # every layer's input kept, one layer recomputed at a time with its transients
+        layers = tokens * dims.hidden * dims.layers * residual_bytes + layer * BACKWARD_TRANSIENTS
+    else:
+        layers = layer * dims.layers + layer * (BACKWARD_TRANSIENTS - 1)
+    head = lm_head_bytes(dims, rows_per_forward * completion_len, head_trainable=not lora, launch=launch, w=w)
+    if not fused_lm_head:  # TRL < 1.16 materialised the completion logits: bf16 logits + saved log-softmax
+        head = rows_per_forward * completion_len * dims.vocab * 4
+    items["activations"] = layers + head
     out = {k: v / GIB for k, v in items.items()}
     out["vLLM reservation"] = vllm_gib
-    out["CUDA context, NCCL, slack"] = OVERHEAD_GIB if on_gpu else 0.0
+    if on_gpu:
+        out["CUDA context"] = CUDA_CONTEXT_GIB
+        out["NCCL communicators"] = NCCL_GIB_PER_COMMUNICATOR * NCCL_COMMUNICATORS
+        out["fragmentation allowance"] = FRAGMENTATION_GIB
     return out
 
 
-def checkpoint_bytes(dims: ModelDims, trainable: int, lora: bool, launch: Launch, load_bytes: int) -> float:
-    """One saved checkpoint of one agent: model (or adapter) weights plus what resume needs of the optimizer."""
-    t = trainable
+def lm_head_bytes(dims: ModelDims, scored_tokens: int, head_trainable: bool, launch: Launch, w: int) -> float:
+    """TRL 1.16's fused LM head (``add_fused_lm_head``; ``kernels/chunked_logprob.py``): log-probs from 4,096-token x
+    32,768-vocab tiles, never the (rows x tokens x vocab) logits. Its backward holds an fp32 gradient of the hidden
+    states (4 h per scored token), one bf16 tile, and for a trainable head an fp32 V x h weight-gradient accumulator
+    plus its cast to the weight dtype (4 V h + w V h); with tied embeddings that gradient stays in autograd's buffer
+    until the embedding's backward (counted in the cast). A frozen head (LoRA) skips the weight gradient (trl#7076).
+    Under FSDP the head is gathered whole (``weight.full_tensor()``): + w V h."""
+    vh = dims.vocab * dims.hidden
+    total = 4 * dims.hidden * scored_tokens + FUSED_HEAD_TOKENS * FUSED_HEAD_VOCAB * 2
+    if head_trainable:
+        total += 4 * vh + w * vh
+    if launch.parallelism == "fsdp":
+        total += w * vh
+    return float(total)
+
+
+def checkpoint_parts(dims: ModelDims, trainable: int, lora: bool, launch: Launch, load_bytes: int) -> dict[str, float]:
+    """One saved checkpoint of one agent, file by file (bytes): the model (or adapter) weights plus what resume needs.
+    Full fine-tuning under ZeRO with bf16 is 16 bytes per parameter: ``model.safetensors`` (2), DeepSpeed's
+    ``global_stepN/mp_rank_00_model_states.pt``, the whole bf16 module again (2), and the optimizer partitions: fp32
+    master weights (4) and Adam's m and v (8)."""
+    t, p = trainable, dims.params
     if launch.parallelism == "zero":
         w = 2 if launch.mixed_precision in ("bf16", "fp16") else 4
-        model = (t if lora else dims.params) * (4 if lora else w)  # peft keeps adapters in fp32
-        return model + (12 if w == 2 else 8) * t  # fp32 master + Adam moments
-    w = 4 if launch.parallelism == "fsdp" else load_bytes
+        if lora:  # peft keeps adapters in fp32
+            return {"adapter": 4 * t, "fp32 master + Adam m, v": 12 * t}
+        parts = {"model.safetensors": w * p, "DeepSpeed module states": w * p}
+        if w == 2:
+            parts["fp32 master weights"] = 4 * t
+        parts["Adam m, v"] = 8 * t
+        return parts
     if lora:
-        return t * 4 + 8 * t  # fp32 adapters and their Adam moments
-    return dims.params * w + 2 * t * w
+        return {"adapter": 4 * t, "Adam m, v": 8 * t}  # fp32 adapters and their Adam moments
+    w = 4 if launch.parallelism == "fsdp" else load_bytes
+    return {"model": p * w, "Adam m, v": 2 * t * w}
+
+
+def final_model_bytes(dims: ModelDims, trainable: int, lora: bool, launch: Launch, load_bytes: int) -> float:
+    """The final ``save_model()``: the adapter, or the model in its training dtype."""
+    if lora:
+        return 4.0 * trainable
+    w = 2 if launch.parallelism == "zero" and launch.mixed_precision in ("bf16", "fp16") else load_bytes
+    return float(dims.params * (4 if launch.parallelism == "fsdp" else w))
+
+
+def error_bar(memory: dict[str, float], layer_gib: float, zero2_grad_gib: float, colocate: bool) -> tuple[float, float]:
+    """How far below / above the peak the truth may lie (GiB), from the ranges of the terms the plan cannot pin down:
+    fragmentation 1-5 GiB (allowance 3); NCCL 0.5-0.7 GiB per communicator, up to ~1 GiB more with NVLS on NVSwitch;
+    the CUDA context 0.5-0.8 (0.75); the recomputed layer's backward transients +30-60% (+50%); an older DeepSpeed
+    with one bf16 gradient partition instead of two; vLLM under-reserving its graphs and sampler (<= 0.5 GiB)."""
+    if "fragmentation allowance" not in memory:
+        return 0.0, 0.0
+    low = 2.0 + 0.4 + 0.25 + 0.2 * layer_gib + zero2_grad_gib
+    high = 2.0 + 1.0 + 0.05 + 0.1 * layer_gib + (0.5 if colocate else 0.0)
+    return low, high
 
 
 def make_plan(
     recipe: dict,
     dims: dict[str, ModelDims],
     launch: Launch,
-    device_gib: float | None = 79.6,
+    device_gib: float | None = DEVICE_GIB,
     dataset_rows: int | None = None,
+    fused_lm_head: bool = True,
 ) -> Plan:
     """The whole plan. ``dims`` maps agent name -> its model's dimensions; ``device_gib`` is one GPU's memory
-    (None: CPU). ``problems`` lists what will not run; an empty list means the plan passes."""
+    (None: CPU); ``fused_lm_head`` is False for a TRL older than 1.16 (materialised logits). ``problems`` lists what
+    will not run; an empty list means the plan passes."""
     specs = recipe["agents"]
     if isinstance(specs, dict):
         specs = [{"name": k, **(v or {})} for k, v in specs.items()]
@@ -442,6 +531,7 @@ def make_plan(
             bool(recipe.get("activation_checkpointing", recipe.get("gradient_checkpointing", True))),
             vllm_gib,
             on_gpu=not on_cpu,
+            fused_lm_head=fused_lm_head,
         )
         sleep = bool(_get(recipe, spec, "vllm_enable_sleep_mode", False))
         states = sum(v for k, v in memory.items() if k not in ("activations", "vLLM reservation"))
@@ -449,12 +539,31 @@ def make_plan(
             peak = states + max(memory["activations"], vllm_gib)
         else:
             peak = states + memory["activations"] + vllm_gib
+        server = use_vllm and vllm_mode == "server" and not on_cpu
         vllm: dict[str, float] = {}
-        if colocate:
+        if (colocate or server) and device_gib:
             model_len = int(max_len) if max_len else d.max_position
-            kv_budget = vllm_gib - 2 * d.params / GIB - VLLM_OVERHEAD_GIB
+            if colocate:  # each rank's engine generates that rank's completions; TRL's max_num_seqs
+                engine_gib, requests = vllm_gib, int(batch["own_completions_per_rank"])
+                max_seqs = int(batch["per_device_train_batch_size"]) * int(batch["steps_per_generation"])
+            else:  # one `trl vllm-serve` (default --gpu_memory_utilization 0.9) gets the agent's whole batch
+                engine_gib, requests = SERVER_UTILIZATION * device_gib, int(batch["completions_per_generation"])
+                max_seqs = requests
+            kv_budget = engine_gib - 2 * d.params / GIB - VLLM_OVERHEAD_GIB
             one = model_len * d.kv_bytes_per_token / GIB
-            vllm = {"max_model_len": model_len, "kv_cache_gib": kv_budget, "one_request_gib": one}
+            kv_tokens = max(0, int(kv_budget * GIB // d.kv_bytes_per_token))
+            concurrent = min(max_seqs, kv_tokens // model_len)
+            vllm = {
+                "mode": "colocate" if colocate else "server",
+                "engine_gib": engine_gib,
+                "max_model_len": model_len,
+                "kv_cache_gib": kv_budget,
+                "kv_tokens": kv_tokens,
+                "one_request_gib": one,
+                "concurrent_seqs": concurrent,
+                "requests": requests,
+                "sleep_mode": sleep and colocate,
+            }
             if max_len is None:
                 notes.append(
                     f"agent {name!r}: `vllm_max_model_length` is not set, so vLLM sizes for the model's "
@@ -462,9 +571,21 @@ def make_plan(
                 )
             if kv_budget < one:
                 problems.append(
-                    f"agent {name!r}: vLLM's KV cache ({kv_budget:.1f} GiB left of {vllm_gib:.1f} GiB after "
+                    f"agent {name!r}: vLLM's KV cache ({kv_budget:.1f} GiB left of {engine_gib:.1f} GiB after "
                     f"{2 * d.params / GIB:.1f} GiB of bf16 weights) cannot hold one {model_len:,}-token request "
                     f"({one:.1f} GiB); vLLM would refuse to start"
+                )
+            elif concurrent * QUEUE_FACTOR < requests:
+                hint = (
+                    "raise vllm_gpu_memory_utilization (with vllm_enable_sleep_mode the training passes get that "
+                    "memory back)"
+                    if colocate
+                    else "give the server more memory or a tensor-parallel group"
+                )
+                notes.append(
+                    f"agent {name!r}: vLLM holds {kv_tokens:,} KV tokens = {concurrent} sequences of {model_len:,} "
+                    f"tokens at once against {requests} requests per generation batch; the rest queue (worst case "
+                    f"~{math.ceil(requests / max(concurrent, 1))} rounds); {hint}"
                 )
         if max_len is not None and int(max_len) <= completion:
             problems.append(
@@ -496,7 +617,18 @@ def make_plan(
                 f"agent {name!r}: {batch['own_completions_per_rank']} completions per rank is not a whole number of "
                 f"prompt groups of {batch['num_generations']}"
             )
-        ckpt = checkpoint_bytes(d, trainable, lora, launch, load_bytes) / GIB
+        parts = {k: v / GIB for k, v in checkpoint_parts(d, trainable, lora, launch, load_bytes).items()}
+        ckpt = sum(parts.values())
+        tokens = int(batch["rows_per_forward"]) * seq
+        act = 4 if launch.parallelism == "fsdp" and not lora else 2
+        layer_gib = tokens * d.layer_bytes_per_token(act) / GIB
+        grad_gib = 2 * trainable / n / GIB if launch.parallelism == "zero" and launch.zero_stage == 2 else 0.0
+        err = error_bar(memory, layer_gib, grad_gib, colocate)
+        if device_gib is not None and peak <= device_gib < peak + err[1]:
+            notes.append(
+                f"agent {name!r}: {peak:.1f} GiB fits {device_gib:.1f} GiB, but not at the top of the error bar "
+                f"(+{err[1]:.1f} GiB); watch the first steps' peak reserved memory"
+            )
         agents.append(
             AgentPlan(
                 name,
@@ -510,6 +642,9 @@ def make_plan(
                 peak,
                 ckpt,
                 vllm,
+                err,
+                parts,
+                final_model_bytes(d, trainable, lora, launch, load_bytes) / GIB,
             )
         )
         schedules.append((batch["prompts_per_generation"], batch["updates_per_generation"]))
@@ -521,6 +656,9 @@ def make_plan(
     schedule = _schedule(recipe, agents[0].batch, dataset_rows, problems, notes)
     for a in agents:
         a.batch["checkpoint_disk_gib"] = a.checkpoint_gib * schedule.get("checkpoints_kept", 0)
+        # HACPO prunes after each save, so one checkpoint more than the limit exists for a while; then the final model
+        a.batch["peak_disk_gib"] = a.checkpoint_gib * schedule.get("checkpoints_on_disk_at_once", 0) + a.final_model_gib
+    schedule["peak_disk_gib"] = sum(a.batch["peak_disk_gib"] for a in agents)
     return Plan(agents, launch, device_gib, schedule, problems, notes)
 
 
@@ -551,10 +689,12 @@ def _schedule(recipe: dict, batch: dict, dataset_rows: int | None, problems: lis
                 "batch, so checkpoints would land mid-generation and resume would run out of phase"
             )
         if "total_steps" in out and float(save_steps) >= 1:
-            written = int(out["total_steps"] // int(save_steps))
+            total, every = int(out["total_steps"]), int(save_steps)
+            written = total // every + (1 if total % every else 0)  # transformers also saves at the final step
             limit = recipe.get("save_total_limit")
             out["checkpoints_written"] = written
             out["checkpoints_kept"] = min(written, int(limit)) if limit else written
+            out["checkpoints_on_disk_at_once"] = min(written, int(limit) + 1) if limit else written
             if not limit:
                 notes.append("no save_total_limit: every checkpoint stays on disk")
     return out
@@ -577,7 +717,10 @@ def format_plan(plan: Plan) -> str:
     elif "total_steps" in s:
         lines.append(f"schedule: {s['total_steps']} optimizer steps (max_steps)")
     if "checkpoints_written" in s:
-        lines.append(f"checkpoints: {s['checkpoints_written']} written, {s['checkpoints_kept']} kept")
+        lines.append(
+            f"checkpoints: {s['checkpoints_written']} written (the final step included), {s['checkpoints_kept']} "
+            f"kept; peak disk {s['peak_disk_gib']:.1f} GiB for all agents"
+        )
     for a in plan.agents:
         b = a.batch
         lines.append("")
@@ -593,14 +736,25 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  rows per forward pass: {b['rows_per_forward']}")
         lines.append("  memory per rank (GiB): " + ", ".join(f"{k} {v:.1f}" for k, v in a.memory.items() if v))
         budget = "" if plan.device_gib is None else f" of {plan.device_gib:.1f}"
-        lines.append(f"  peak estimate: {a.peak_gib:.1f}{budget} GiB")
+        low, high = a.error_gib
+        bar = f" (error bar -{low:.1f} / +{high:.1f} GiB: fragmentation, NCCL, backward transients)" if high else ""
+        lines.append(f"  peak estimate: {a.peak_gib:.1f}{budget} GiB{bar}")
         if a.vllm:
             v = a.vllm
+            where = "per rank, colocated" if v["mode"] == "colocate" else "on its server"
+            sleep = "; sleep mode: released during the training passes" if v["sleep_mode"] else ""
             lines.append(
-                f"  vLLM: max_model_len {v['max_model_len']:,}, KV cache ~{v['kv_cache_gib']:.1f} GiB, "
-                f"one full-length request {v['one_request_gib']:.2f} GiB"
+                f"  vLLM ({where}): {v['engine_gib']:.1f} GiB, max_model_len {v['max_model_len']:,}, KV cache "
+                f"~{v['kv_cache_gib']:.1f} GiB = {v['kv_tokens']:,} tokens; one full-length request "
+                f"{v['one_request_gib']:.2f} GiB; {v['concurrent_seqs']} full-length sequences at once of "
+                f"{v['requests']} requests per generation batch{sleep}"
             )
-        lines.append(f"  checkpoint: {a.checkpoint_gib:.1f} GiB each, {b['checkpoint_disk_gib']:.1f} GiB kept on disk")
+        parts = " + ".join(f"{k} {v:.1f}" for k, v in a.checkpoint_parts.items())
+        lines.append(
+            f"  checkpoint: {a.checkpoint_gib:.1f} GiB each ({parts}), {b['checkpoint_disk_gib']:.1f} GiB kept; "
+            f"peak disk {b['peak_disk_gib']:.1f} GiB (one extra checkpoint before pruning + final model "
+            f"{a.final_model_gib:.1f})"
+        )
     for note in plan.notes:
         lines.append(f"note: {note}")
     lines.append("")

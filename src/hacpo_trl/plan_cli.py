@@ -15,10 +15,19 @@ import sys
 import yaml
 
 from . import balance
-from .plan import DATASET_ROWS, Launch, ModelDims, format_plan, launch_from_accelerate, launch_from_env, make_plan
+from .plan import (
+    DATASET_ROWS,
+    DEVICE_GIB,
+    Launch,
+    ModelDims,
+    format_plan,
+    launch_from_accelerate,
+    launch_from_env,
+    make_plan,
+)
 from .recipe import RecipeError, check_recipe, load_recipe
 
-__all__ = ["main", "model_config"]
+__all__ = ["build_plan", "main", "model_config"]
 
 
 def model_config(name_or_path: str) -> dict:
@@ -61,6 +70,15 @@ def _builtin_config(name: str) -> dict:
     return build(tok, hidden_size=spec.hidden_size, layers=spec.layers, seed=spec.seed).config.to_dict()
 
 
+def _trl_fuses_lm_head() -> bool:
+    """TRL >= 1.16 computes log-probs with a fused LM head; older TRLs materialise the logits."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return Version(version("trl")) >= Version("1.16")
+
+
 def _defaults() -> dict:
     """`HACPOConfig`'s defaults (TRL's and ours) for what a recipe leaves out."""
     import dataclasses
@@ -82,40 +100,59 @@ def _dataset_rows(recipe: dict) -> int | None:
     return DATASET_ROWS.get(recipe.get("dataset_name"))
 
 
-def main(argv: list[str]) -> int:
+def build_plan(
+    recipe: dict,
+    accelerate_config: str | None,
+    gpu_memory_gib: float | None = DEVICE_GIB,
+    dataset_rows: int | None = None,
+):
+    """The `hacpo_trl.plan.Plan` of a recipe (as `load_recipe` reads it) under an accelerate config file (or the
+    launch environment). Raises RecipeError, ValueError or OSError when an input cannot be read."""
     from .config import _as_specs, check_vllm_servers, vllm_servers
 
+    if accelerate_config:
+        if not os.path.isfile(accelerate_config):
+            raise RecipeError(f"accelerate config {accelerate_config!r} does not exist")
+        with open(accelerate_config) as f:
+            launch = launch_from_accelerate(yaml.safe_load(f), source=os.path.basename(accelerate_config))
+    else:
+        launch = launch_from_env(dict(os.environ)) or Launch(
+            "cpu" if recipe.get("use_cpu") else "ddp",
+            source="assumed: no --accelerate_config and no launch environment",
+        )
+    check_recipe(recipe, num_processes=launch.num_processes)
+    specs = _as_specs(recipe["agents"])
+    check_vllm_servers(specs, recipe)
+    dims = {s.name: ModelDims.from_config(model_config(s.model_name_or_path)) for s in specs}
+    rows = dataset_rows if dataset_rows is not None else _dataset_rows(recipe)
+    agents = [{k: v for k, v in vars(s).items() if v is not None} for s in specs]
+    plan = make_plan(
+        {**_defaults(), **recipe, "agents": agents}, dims, launch, gpu_memory_gib, rows, _trl_fuses_lm_head()
+    )
+    for name, (url, port) in vllm_servers(specs, recipe).items():
+        plan.notes.append(
+            f"agent {name!r} generates on the vLLM server {url} (weight-sync port {port}): start it on its own "
+            "GPU before the launch; its memory is not part of this plan"
+        )
+    return plan
+
+
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="hacpo-train --plan", description=__doc__)
     parser.add_argument("--config", required=True, help="the recipe")
     parser.add_argument("--plan", action="store_true")
     parser.add_argument("--accelerate_config", help="the accelerate config file the run will be launched with")
-    parser.add_argument("--gpu_memory_gib", type=float, default=79.6, help="memory of one GPU (80 GB cards: 79.6)")
+    parser.add_argument(
+        "--gpu_memory_gib",
+        type=float,
+        default=DEVICE_GIB,
+        help=f"memory torch can use on one GPU (80 GB cards: {DEVICE_GIB}; torch.cuda.mem_get_info()[1] / 2**30)",
+    )
     parser.add_argument("--dataset_rows", type=int, default=None, help="prompts in the training split")
     args, rest = parser.parse_known_args(argv)
     try:
         recipe = load_recipe(args.config, rest)
-        if args.accelerate_config:
-            if not os.path.isfile(args.accelerate_config):
-                raise RecipeError(f"accelerate config {args.accelerate_config!r} does not exist")
-            with open(args.accelerate_config) as f:
-                launch = launch_from_accelerate(yaml.safe_load(f), source=os.path.basename(args.accelerate_config))
-        else:
-            launch = launch_from_env(dict(os.environ)) or Launch(
-                "cpu" if recipe.get("use_cpu") else "ddp",
-                source="assumed: no --accelerate_config and no launch environment",
-            )
-        check_recipe(recipe, num_processes=launch.num_processes)
-        specs = _as_specs(recipe["agents"])
-        check_vllm_servers(specs, recipe)
-        dims = {s.name: ModelDims.from_config(model_config(s.model_name_or_path)) for s in specs}
-        rows = args.dataset_rows if args.dataset_rows is not None else _dataset_rows(recipe)
-        agents = [{k: v for k, v in vars(s).items() if v is not None} for s in specs]
-        plan = make_plan({**_defaults(), **recipe, "agents": agents}, dims, launch, args.gpu_memory_gib, rows)
-        for name, (url, port) in vllm_servers(specs, recipe).items():
-            plan.notes.append(
-                f"agent {name!r} generates on the vLLM server {url} (weight-sync port {port}): start it on its own "
-                "GPU before the launch; its memory is not part of this plan"
-            )
+        plan = build_plan(recipe, args.accelerate_config, args.gpu_memory_gib, args.dataset_rows)
     except (RecipeError, ValueError, OSError) as exc:
         print(f"hacpo-train --plan: error: {exc}", file=sys.stderr)
         return 2

@@ -65,6 +65,23 @@ def _evaluate(trainer, test, script_args) -> float | None:
     return result.avg_at_k if trainer.accelerator.process_index == 0 else None
 
 
+def _write_task_record(config, script_args) -> None:
+    """What this agent was trained on, next to it, so that `hacpo-eval` evaluates the same task the same way."""
+    from .evaluate import TASK_RECORD
+
+    record = {
+        "task": script_args.task,
+        "dataset_name": script_args.dataset_name,
+        "reward_funcs": list(script_args.reward_funcs),
+        "eval_split": script_args.eval_split,
+        "eval_samples": script_args.eval_samples,
+        "max_completion_length": config.max_completion_length,
+        "chat_template_kwargs": config.chat_template_kwargs,
+    }
+    with open(os.path.join(config.output_dir, TASK_RECORD), "w") as f:
+        json.dump(record, f, indent=2)
+
+
 def _plot(histories: dict[str, list[dict]], agents: list[str], path: str) -> None:
     import matplotlib
 
@@ -199,6 +216,7 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
     if is_agent_main:  # the run's record, next to the agent
         with open(os.path.join(config.output_dir, "log_history.json"), "w") as f:
             json.dump(trainer.state.log_history, f)
+        _write_task_record(config, script_args)
     import resource
 
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
