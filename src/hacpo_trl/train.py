@@ -15,7 +15,15 @@ import os
 import sys
 
 # Recipe reading and checking live in `hacpo_trl.recipe`; the names are re-exported here for existing callers.
-from .recipe import HACPOScriptArguments, RecipeError, check_recipe, config_path, load_recipe
+from .recipe import (
+    HACPOScriptArguments,
+    RecipeError,
+    check_recipe,
+    config_path,
+    load_recipe,
+    numbers_as_values,
+    preflight,
+)
 
 __all__ = ["HACPOScriptArguments", "RecipeError", "check_recipe", "load_recipe", "main"]
 
@@ -45,7 +53,7 @@ def _evaluate(trainer, test, script_args) -> float | None:
     collective = getattr(trainer, "is_fsdp_enabled", False) or getattr(getattr(trainer, "_dist", None), "is_zero3", 0)
     if trainer.accelerator.process_index != 0 and not collective:
         return None
-    from .evaluate import evaluate_model
+    from .evaluate import eval_length, evaluate_model
     from .rewards import get_reward_funcs
 
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -54,14 +62,27 @@ def _evaluate(trainer, test, script_args) -> float | None:
         trainer.processing_class,
         test.select(range(min(script_args.eval_samples, len(test)))),
         get_reward_funcs(script_args.reward_funcs)[0],
-        max_new_tokens=(
-            trainer.args.max_completion_length
-            if script_args.task == "arithmetic_trace"
-            else min(16, trainer.args.max_completion_length)
-        ),
+        max_new_tokens=eval_length(script_args.task, trainer.args.max_completion_length),
         chat_template_kwargs=trainer.args.chat_template_kwargs,
     )
     return result.avg_at_k if trainer.accelerator.process_index == 0 else None
+
+
+def _write_task_record(config, script_args) -> None:
+    """What this agent was trained on, next to it, so that `hacpo-eval` evaluates the same task the same way."""
+    from .evaluate import TASK_RECORD
+
+    record = {
+        "task": script_args.task,
+        "dataset_name": script_args.dataset_name,
+        "reward_funcs": list(script_args.reward_funcs),
+        "eval_split": script_args.eval_split,
+        "eval_samples": script_args.eval_samples,
+        "max_completion_length": config.max_completion_length,
+        "chat_template_kwargs": config.chat_template_kwargs,
+    }
+    with open(os.path.join(config.output_dir, TASK_RECORD), "w") as f:
+        json.dump(record, f, indent=2)
 
 
 def _plot(histories: dict[str, list[dict]], agents: list[str], path: str) -> None:
@@ -111,36 +132,75 @@ def _filter_library_warnings(recipe: dict, argv: list[str]) -> None:
         warnings.filterwarnings("ignore", message=r"`gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
+def refuse(exc: Exception, prog: str = "hacpo-train", environ=os.environ) -> int:
+    """Print ``prog: error: <exc>`` exactly once per launch, however the ranks race; return exit status 2.
+
+    The checks before this are a deterministic function of the recipe and the launch, so every rank fails the
+    same way. Global rank 0 prints and exits; the launcher then stops every other rank. Any other rank first waits
+    (at most ``HACPO_ERROR_WAIT`` seconds, 60 by default) for that stop, so it can never exit first and have the
+    launcher kill rank 0 before it printed; if it is still alive after the wait, rank 0 did not fail this way,
+    and it prints the line itself.
+    """
+    if environ.get("RANK", "0") != "0":
+        import time
+
+        time.sleep(float(environ.get("HACPO_ERROR_WAIT", "60")))
+    print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+    return 2
+
+
+def _parse(parser, argv: list[str]):
+    """TrlParser's parse, with argparse's usage page (1,300 lines of fields) folded into one `RecipeError` line."""
+    import contextlib
+    import io
+
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            parsed = parser.parse_args_and_config(argv)
+    except SystemExit as exc:
+        if not exc.code:
+            raise
+        lines = [line for line in captured.getvalue().splitlines() if ": error: " in line]
+        raise RecipeError(lines[-1].split(": error: ", 1)[1] if lines else captured.getvalue().strip()) from None
+    sys.stderr.write(captured.getvalue())  # warnings of a good parse are the user's to see
+    return parsed
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--plan" in argv:  # check the launch on paper: no weights, no process group
         from .plan_cli import main as plan
 
         return plan(argv)
-    rank0 = os.environ.get("RANK", "0") == "0"
+    argv = numbers_as_values(argv)
     try:
         path = config_path(argv)
         if path is not None:
             world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+            launched = world if "RANK" in os.environ else None
             recipe = load_recipe(path)
+            try:
+                effective = load_recipe(path, argv)
+            except ValueError:  # not plain --key value flags: the argument parser below names the problem
+                effective = recipe
+            preflight(effective, num_processes=launched)  # every rank, before any ML library is imported
             _place(recipe, world)  # before anything imports trl (and maybe CUDA)
-            check_recipe(recipe, num_processes=world if "RANK" in os.environ else None)
+            check_recipe(recipe, num_processes=launched)
             _filter_library_warnings(recipe, argv)
         from trl import TrlParser
 
         from .config import HACPOConfig
 
         parser = TrlParser((HACPOScriptArguments, HACPOConfig))
-        script_args, config = parser.parse_args_and_config(argv)
+        script_args, config = _parse(parser, argv)
         if not config.agents:
             raise RecipeError("recipe key 'agents' is missing: name at least one agent with its model_name_or_path")
         from .rewards import get_reward_funcs
 
         reward_funcs = get_reward_funcs(script_args.reward_funcs)
     except (RecipeError, ValueError) as exc:
-        if rank0:
-            print(f"hacpo-train: error: {exc}", file=sys.stderr)
-        return 2
+        return refuse(exc)
     return _run(script_args, config, reward_funcs)
 
 
@@ -197,6 +257,7 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
     if is_agent_main:  # the run's record, next to the agent
         with open(os.path.join(config.output_dir, "log_history.json"), "w") as f:
             json.dump(trainer.state.log_history, f)
+        _write_task_record(config, script_args)
     import resource
 
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
