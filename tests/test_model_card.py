@@ -73,3 +73,18 @@ def test_append_card_section_needs_trls_card(tmp_path):
     (tmp_path / "README.md").write_text("---\nbase_model: x\n---\n")
     append_card_section(str(tmp_path), "\n## HACPO\n")
     assert (tmp_path / "README.md").read_text() == "---\nbase_model: x\n---\n\n## HACPO\n"
+
+
+def test_name_card_leaves_no_none_in_trls_card():
+    from hacpo_trl.model_card import name_card
+
+    trl_card = (
+        "# Model Card for None\n\nThis model is a fine-tuned version of [None](https://huggingface.co/None).\n"
+        'generator = pipeline("text-generation", model="None", device_map="auto")\n'
+    )
+    card = name_card(trl_card, "trace-small", "builtin:trace-small", "outputs/demo/trace-small")
+    assert "None" not in card
+    assert card.startswith("# Model Card for trace-small\n")
+    assert "fine-tuned version of `builtin:trace-small`." in card and 'model="outputs/demo/trace-small"' in card
+    hub = name_card(trl_card, "a", "Qwen/Qwen3-1.7B", "me/a")
+    assert "[Qwen/Qwen3-1.7B](https://huggingface.co/Qwen/Qwen3-1.7B)" in hub and 'model="me/a"' in hub
