@@ -125,3 +125,39 @@ def test_every_bad_input_gives_one_line_in_a_real_two_process_launch(tmp_path):
             ):
                 failures.append((name, proc.returncode, lines, err[-1500:]))
     assert not failures, failures
+
+
+def test_an_output_folder_holding_a_run_is_refused_unless_overwrite_or_resume(tmp_path):
+    from hacpo_trl.recipe import check_output_dir
+
+    recipe = {**GOOD, "output_dir": str(tmp_path / "run")}
+    check_output_dir(recipe)  # nothing there yet
+    (tmp_path / "run" / "tiny-qwen2").mkdir(parents=True)
+    check_output_dir(recipe)  # an empty agent folder (a launch that failed at start-up) holds no run
+    (tmp_path / "run" / "tiny-qwen2" / "config.json").write_text("{}")
+    with pytest.raises(
+        RecipeError, match=r"run/tiny-qwen2' already holds a run \(config.json\).*--overwrite_output_dir"
+    ):
+        check_output_dir(recipe)
+    check_output_dir({**recipe, "overwrite_output_dir": True})
+    check_output_dir({**recipe, "resume_from_checkpoint": True})
+    (tmp_path / "run" / "hacpo_summary.json").write_text("{}")
+    with pytest.raises(RecipeError, match=r"'.*run' already holds a run \(hacpo_summary.json\)"):
+        check_output_dir(recipe)
+
+
+def test_a_second_launch_into_a_finished_run_stops_with_one_line(tmp_path):
+    """Single process (exit 2, the status the README states for it): refused before any ML library loads."""
+    out = tmp_path / "out"
+    (out / "tiny-llama").mkdir(parents=True)
+    (out / "hacpo_summary.json").write_text("{}")
+    path = _write(tmp_path, {"output_dir": str(out)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "hacpo_trl.train", "--config", str(path)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"hacpo-train: error: output folder '{out}' already holds a run (hacpo_summary.json); choose a new "
+        "--output_dir, or pass --overwrite_output_dir to train into it anyway, or set `resume_from_checkpoint: true` "
+        "in the recipe to continue it"
+    ]

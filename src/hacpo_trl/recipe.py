@@ -11,6 +11,7 @@ Public functions (names are stable):
 - ``cli_overrides(argv) -> dict``: the ``--key value`` flags of a command line as recipe keys.
 - ``preflight(recipe, num_processes=None)``: the checks that import no ML library (model folders, values, output
   folders, dataset, rewards, process counts), run by every rank of a launch before anything heavy.
+- ``check_output_dir(recipe)``: refuse an output folder that already holds a run (unless overwrite or resume).
 - ``numbers_as_values(argv) -> list[str]``: ``--flag -1e-4`` as ``--flag=-1e-4`` for argparse.
 
 `RecipeError` (a `ValueError`) carries a message naming the key and the fix. `HACPOScriptArguments` holds the
@@ -57,6 +58,9 @@ class HACPOScriptArguments:
             side, for choosing settings without looking at the held-out split).
         eval_every: also evaluate every N optimizer steps, for learning curves in the summary (0 = off).
         plot: write a PNG of every agent's reward and capability curves next to the agents (global rank 0).
+        overwrite_output_dir: train into an output folder that already holds a run (a summary, a saved agent or a
+            checkpoint); without it, or ``resume_from_checkpoint``, such a launch is refused so that two runs are
+            never mixed (transformers 5 dropped `TrainingArguments.overwrite_output_dir`; this is HACPO's own).
     """
 
     task: str = field(default="arithmetic", metadata={"help": "'arithmetic', 'math' or 'dataset'."})
@@ -68,6 +72,10 @@ class HACPOScriptArguments:
     eval_split: str = field(default="test", metadata={"help": "'test' or 'validation' (built-in tasks)."})
     eval_every: int = field(default=0, metadata={"help": "Also evaluate every N steps (learning curves); 0 = off."})
     plot: bool = field(default=True, metadata={"help": "Write reward and capability curves as a PNG."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Train into an output folder that already holds a run (refused otherwise; see README)."},
+    )
 
 
 # ------------------------------------------------------------------------------------------ recipe checks
@@ -310,6 +318,32 @@ def preflight(recipe: dict, num_processes: int | None = None, environ=os.environ
         get_reward_funcs(recipe.get("reward_funcs", HACPOScriptArguments().reward_funcs))
     except ValueError as exc:
         raise RecipeError(str(exc)) from None
+
+
+_RUN_FILES = ("hacpo_summary.json", "hacpo_task.json", "log_history.json", "config.json", "adapter_config.json")
+
+
+def check_output_dir(recipe: dict) -> None:
+    """Refuse an output folder that already holds a run (the run's summary, a saved agent or a checkpoint) unless
+    the recipe sets ``overwrite_output_dir`` or ``resume_from_checkpoint``: a second run would silently mix its
+    agents and summary with the first's."""
+    if recipe.get("overwrite_output_dir") or recipe.get("resume_from_checkpoint"):
+        return
+    agents = _raw_agents(recipe)
+    root = recipe.get("output_dir") or ("hacpo_output" if len(agents) > 1 else None)
+    folders = [root] + [
+        a.get("output_dir") or (os.path.join(root, a["name"]) if len(agents) > 1 and root else None) for a in agents
+    ]
+    for folder in folders:
+        if not isinstance(folder, str) or not os.path.isdir(folder):
+            continue
+        held = [f for f in _RUN_FILES if os.path.isfile(os.path.join(folder, f))]
+        held += sorted(f for f in os.listdir(folder) if f.startswith("checkpoint-"))[:1]
+        if held:
+            raise RecipeError(
+                f"output folder {folder!r} already holds a run ({held[0]}); choose a new --output_dir, or pass "
+                "--overwrite_output_dir to train into it anyway, or set `resume_from_checkpoint: true` in the recipe to continue it"
+            )
 
 
 def numbers_as_values(argv: list[str]) -> list[str]:

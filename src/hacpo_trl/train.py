@@ -18,6 +18,7 @@ import sys
 from .recipe import (
     HACPOScriptArguments,
     RecipeError,
+    check_output_dir,
     check_recipe,
     config_path,
     load_recipe,
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError:  # not plain --key value flags: the argument parser below names the problem
                 effective = recipe
             preflight(effective, num_processes=launched)  # every rank, before any ML library is imported
+            check_output_dir(effective)
             _place(recipe, world)  # before anything imports trl (and maybe CUDA)
             check_recipe(recipe, num_processes=launched)
             _filter_library_warnings(recipe, argv)
