@@ -161,3 +161,18 @@ def test_a_second_launch_into_a_finished_run_stops_with_one_line(tmp_path):
         "--output_dir, or pass --overwrite_output_dir to train into it anyway, or set `resume_from_checkpoint: true` "
         "in the recipe to continue it"
     ]
+
+
+def test_help_leads_with_the_recipe_workflow_without_importing_trl():
+    code = (
+        "import sys; from hacpo_trl.train import main; main(['--help']); print('trl imported:', 'trl' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    out = proc.stdout
+    assert out.startswith("usage: hacpo-train --config RECIPE")
+    for needed in ("--config", "--plan", "--accelerate_config", "--gpu_memory_gib", "--help-all", "arithmetic_trace"):
+        assert needed in out, needed
+    for reward in ("arithmetic_exact", "math_verify", "boxed_format", "module:function"):
+        assert reward in out, reward
+    assert "--peer_delta" in out and "--alpha" in out  # HACPO's own settings, read from HACPOConfig's source
+    assert len(out.splitlines()) < 120 and out.strip().endswith("trl imported: False")

@@ -58,20 +58,31 @@ class HACPOScriptArguments:
             side, for choosing settings without looking at the held-out split).
         eval_every: also evaluate every N optimizer steps, for learning curves in the summary (0 = off).
         plot: write a PNG of every agent's reward and capability curves next to the agents (global rank 0).
+        accelerate_config: the accelerate config file this recipe is meant to be launched with; `--plan` reads it
+            when no ``--accelerate_config`` is given (training itself is launched with ``--config_file``).
         overwrite_output_dir: train into an output folder that already holds a run (a summary, a saved agent or a
             checkpoint); without it, or ``resume_from_checkpoint``, such a launch is refused so that two runs are
             never mixed (transformers 5 dropped `TrainingArguments.overwrite_output_dir`; this is HACPO's own).
     """
 
-    task: str = field(default="arithmetic", metadata={"help": "'arithmetic', 'math' or 'dataset'."})
+    task: str = field(default="arithmetic", metadata={"help": "'arithmetic', 'arithmetic_trace', 'math' or 'dataset'."})
     dataset_name: str | None = field(default=None, metadata={"help": "Dataset id or path."})
     dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration."})
     dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
-    reward_funcs: list[str] = field(default_factory=lambda: ["arithmetic_exact"], metadata={"help": "Rewards."})
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["arithmetic_exact"],
+        metadata={
+            "help": "Reward names (arithmetic_exact, arithmetic_trace, math_verify, boxed_format) or import paths "
+            "'module:function'."
+        },
+    )
     eval_samples: int = field(default=300, metadata={"help": "Held-out problems to evaluate before and after."})
     eval_split: str = field(default="test", metadata={"help": "'test' or 'validation' (built-in tasks)."})
     eval_every: int = field(default=0, metadata={"help": "Also evaluate every N steps (learning curves); 0 = off."})
     plot: bool = field(default=True, metadata={"help": "Write reward and capability curves as a PNG."})
+    accelerate_config: str | None = field(
+        default=None, metadata={"help": "The accelerate config the recipe is launched with (read by --plan)."}
+    )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Train into an output folder that already holds a run (refused otherwise; see README)."},

@@ -133,6 +133,57 @@ def _filter_library_warnings(recipe: dict, argv: list[str]) -> None:
         warnings.filterwarnings("ignore", message=r"`gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
+_WORKFLOW = """usage: hacpo-train --config RECIPE [--key value ...]
+       hacpo-train --config RECIPE --plan [--accelerate_config FILE] [--gpu_memory_gib GIB]
+       accelerate launch --config_file accelerate_configs/cpu_2agents.yaml -m hacpo_trl.train --config RECIPE
+
+Train every agent of a HACPO recipe in one launch (one or more processes per agent).
+
+recipe workflow:
+  --config RECIPE          the YAML recipe (recipes/*.yaml); any key below, any GRPOConfig field, and `agents`
+  --key value              override a recipe key on the command line (`--max_steps 10`, `--learning_rate -1e-4`)
+  --plan                   check the launch on paper (memory per GPU, batch arithmetic), loading no weights
+  --accelerate_config FILE (with --plan) the accelerate config the run will be launched with; default: the
+                           recipe's `accelerate_config` key, else the launch environment
+  --gpu_memory_gib GIB     (with --plan) memory of one GPU (80 GB cards: 79.6)
+  --overwrite_output_dir   train into an output folder that already holds a run (refused otherwise)
+  --help-all               every field of TRL's GRPOConfig and transformers' TrainingArguments as well
+
+agents (recipe key): a list of {name, model_name_or_path (Hub id, local folder or builtin:<name>),
+  num_processes, learning_rate, lora, output_dir, ...}; see README "Recipes".
+"""
+
+
+def short_help() -> str:
+    """`hacpo-train --help`: the recipe workflow and HACPO's own options, read from the dataclasses' source without
+    importing trl (fast); `--help-all` adds TRL's ~1,300 lines of fields."""
+    import ast
+    import inspect
+
+    from . import recipe
+
+    lines = [_WORKFLOW, "task, data and reporting:"]
+    config = os.path.join(os.path.dirname(recipe.__file__), "config.py")
+    for source, cls in ((inspect.getsource(recipe), "HACPOScriptArguments"), (open(config).read(), "HACPOConfig")):
+        body = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls).body
+        if cls == "HACPOConfig":
+            lines += ["", "HACPO settings (the paper's defaults):"]
+        for node in body:
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Call)):
+                continue
+            kw = {k.arg: k.value for k in node.value.keywords}
+            meta = kw.get("metadata")
+            help_text = ""
+            if isinstance(meta, ast.Dict):
+                for k, v in zip(meta.keys, meta.values, strict=True):
+                    if isinstance(k, ast.Constant) and k.value == "help":
+                        help_text = ast.literal_eval(v)
+            default = ast.unparse(kw["default"]) if "default" in kw else ast.unparse(kw.get("default_factory", ""))
+            default = default.removeprefix("lambda: ")
+            lines.append(f"  --{node.target.id:<28} {help_text} (default: {default})")
+    return "\n".join(lines)
+
+
 def refuse(exc: Exception, prog: str = "hacpo-train", environ=os.environ) -> int:
     """Print ``prog: error: <exc>`` exactly once per launch, however the ranks race; return exit status 2.
 
@@ -170,6 +221,11 @@ def _parse(parser, argv: list[str]):
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--help-all" in argv:  # TRL's full field list (GRPOConfig and TrainingArguments: about 1,300 lines)
+        argv = ["--help" if a == "--help-all" else a for a in argv]
+    elif "-h" in argv or "--help" in argv:
+        print(short_help())
+        return 0
     if "--plan" in argv:  # check the launch on paper: no weights, no process group
         from .plan_cli import main as plan
 
