@@ -176,3 +176,27 @@ def test_help_leads_with_the_recipe_workflow_without_importing_trl():
         assert reward in out, reward
     assert "--peer_delta" in out and "--alpha" in out  # HACPO's own settings, read from HACPOConfig's source
     assert len(out.splitlines()) < 120 and out.strip().endswith("trl imported: False")
+
+
+def test_curves_after_one_generation_batch_show_markers_and_held_out_accuracy(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from hacpo_trl.train import _plot
+
+    figures = []
+    save = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(
+        matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: (figures.append(fig), save(fig, *a, **k))
+    )
+    one_batch = {"a": [{"step": 4, "reward": 0.1, "hacpo/capability/a": 0.1}], "b": []}
+    _plot(one_batch, ["a", "b"], str(tmp_path / "c.png"), {"a": [(0, 0.32), (4, 0.57)], "b": []}, temperature=1.0)
+    assert (tmp_path / "c.png").stat().st_size > 0
+    reward_ax, capability_ax = figures[0].axes
+    lines = {line.get_label(): line for line in reward_ax.get_lines()}
+    assert set(lines) == {"a: training reward (T = 1, own completions)", "a: held-out accuracy (greedy)"}
+    assert list(lines["a: held-out accuracy (greedy)"].get_ydata()) == [0.32, 0.57]
+    # a single generation batch is a visible point: every line is drawn with markers
+    assert all(
+        line.get_marker() not in (None, "None", "") for line in reward_ax.get_lines() + capability_ax.get_lines()
+    )
+    assert "greedy" in reward_ax.get_title() and "sampled" in reward_ax.get_title()

@@ -86,25 +86,44 @@ def _write_task_record(config, script_args) -> None:
         json.dump(record, f, indent=2)
 
 
-def _plot(histories: dict[str, list[dict]], agents: list[str], path: str) -> None:
+def _plot(
+    histories: dict[str, list[dict]],
+    agents: list[str],
+    path: str,
+    curves: dict[str, list] | None = None,
+    temperature: float | None = None,
+) -> None:
+    """Reward and capability per agent, every point marked (one generation batch is one point, never a blank
+    axis). The left panel also shows greedy held-out accuracy where it was measured (``curves``: step, accuracy),
+    the number the summary reports; the sampled training reward (at the run's temperature) is a different one."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_r, ax_c) = plt.subplots(1, 2, figsize=(10, 4))
-    for agent in agents:
+    fig, (ax_r, ax_c) = plt.subplots(1, 2, figsize=(11, 4.2))
+    t = f"T = {temperature:g}" if temperature is not None else "sampled"
+    for i, agent in enumerate(agents):
+        color = f"C{i}"
         history = histories.get(agent, [])
         points = [(e["step"], e["reward"]) for e in history if "reward" in e]
         if points:
-            ax_r.plot(*zip(*points, strict=True), label=agent)
+            ax_r.plot(*zip(*points, strict=True), "o-", ms=4, color=color, lw=1,
+                      label=f"{agent}: training reward ({t}, own completions)")  # fmt: skip
+        held_out = [(step, acc) for step, acc in (curves or {}).get(agent, []) if acc is not None]
+        if held_out:
+            ax_r.plot(*zip(*held_out, strict=True), "s--", ms=7, color=color, lw=2,
+                      label=f"{agent}: held-out accuracy (greedy)")  # fmt: skip
         caps = [(e["step"], e[f"hacpo/capability/{agent}"]) for e in history if f"hacpo/capability/{agent}" in e]
         if caps:
-            ax_c.plot(*zip(*caps, strict=True), label=agent)
-    ax_r.set(title="training reward (own completions)", xlabel="step", ylabel="mean reward")
-    ax_c.set(title="capability P̂ (window mean accuracy)", xlabel="step", ylabel="P̂")
+            ax_c.plot(*zip(*caps, strict=True), "o-", ms=4, color=color, label=agent)
+    ax_r.set(title="reward (sampled) and held-out accuracy (greedy)", xlabel="step", ylabel="reward / accuracy")
+    ax_c.set(title="capability P̂ (window mean training accuracy)", xlabel="step", ylabel="P̂")
+    ax_c.set_ylim(-0.02, 1.02)
+    top = max([1.0] + [y for line in ax_r.get_lines() for y in line.get_ydata()])
+    ax_r.set_ylim(-0.02, top + 0.02)  # one point alone would get an axis of +-0.005 around it
     for ax in (ax_r, ax_c):
-        ax.legend()
+        ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -343,7 +362,13 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
             print(f"  {agent}: {info['output_dir']}{change}")
         if script_args.plot:
             png = os.path.join(root, "hacpo_curves.png")
-            _plot({r[0]: r[4] for r in reports}, [r[0] for r in reports], png)
+            _plot(
+                {r[0]: r[4] for r in reports},
+                [r[0] for r in reports],
+                png,
+                {r[0]: r[6] for r in reports},
+                config.temperature,
+            )
             print(f"  curves: {png}")
         print(f"  summary: {os.path.join(root, 'hacpo_summary.json')}", flush=True)
     if shutdown:
