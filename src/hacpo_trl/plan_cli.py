@@ -41,7 +41,7 @@ def model_config(name_or_path: str) -> dict:
     if not isinstance(cached, str):
         raise ValueError(
             f"cannot read config.json of {name_or_path!r}: not a local folder and not in the Hugging Face cache "
-            f"({HF_HUB_CACHE}). Fetch only that file with `huggingface-cli download {name_or_path} config.json` "
+            f"({HF_HUB_CACHE}). Fetch only that file with `hf download {name_or_path} config.json` "
             "(a few KB) or point model_name_or_path at a local folder"
         )
     with open(cached) as f:
@@ -82,23 +82,37 @@ def _dataset_rows(recipe: dict) -> int | None:
     return DATASET_ROWS.get(recipe.get("dataset_name"))
 
 
+def _recipe_accelerate_config(recipe: dict, recipe_path: str) -> str | None:
+    """The recipe's own ``accelerate_config`` key: a path as given (from the working directory), else relative to
+    the folder above the recipe's (recipes/ and accelerate_configs/ sit side by side)."""
+    name = recipe.get("accelerate_config")
+    if not name or os.path.isfile(name) or os.path.isabs(name):
+        return name
+    beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(recipe_path))), name)
+    return beside if os.path.isfile(beside) else name
+
+
 def main(argv: list[str]) -> int:
     from .config import _as_specs, check_vllm_servers, vllm_servers
 
     parser = argparse.ArgumentParser(prog="hacpo-train --plan", description=__doc__)
     parser.add_argument("--config", required=True, help="the recipe")
     parser.add_argument("--plan", action="store_true")
-    parser.add_argument("--accelerate_config", help="the accelerate config file the run will be launched with")
+    parser.add_argument(
+        "--accelerate_config",
+        help="the accelerate config file the run will be launched with (default: the recipe's accelerate_config)",
+    )
     parser.add_argument("--gpu_memory_gib", type=float, default=79.6, help="memory of one GPU (80 GB cards: 79.6)")
     parser.add_argument("--dataset_rows", type=int, default=None, help="prompts in the training split")
     args, rest = parser.parse_known_args(argv)
     try:
         recipe = load_recipe(args.config, rest)
-        if args.accelerate_config:
-            if not os.path.isfile(args.accelerate_config):
-                raise RecipeError(f"accelerate config {args.accelerate_config!r} does not exist")
-            with open(args.accelerate_config) as f:
-                launch = launch_from_accelerate(yaml.safe_load(f), source=os.path.basename(args.accelerate_config))
+        accelerate_config = args.accelerate_config or _recipe_accelerate_config(recipe, args.config)
+        if accelerate_config:
+            if not os.path.isfile(accelerate_config):
+                raise RecipeError(f"accelerate config {accelerate_config!r} does not exist")
+            with open(accelerate_config) as f:
+                launch = launch_from_accelerate(yaml.safe_load(f), source=os.path.basename(accelerate_config))
         else:
             launch = launch_from_env(dict(os.environ)) or Launch(
                 "cpu" if recipe.get("use_cpu") else "ddp",
