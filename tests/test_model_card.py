@@ -88,3 +88,13 @@ def test_name_card_leaves_no_none_in_trls_card():
     assert "fine-tuned version of `builtin:trace-small`." in card and 'model="outputs/demo/trace-small"' in card
     hub = name_card(trl_card, "a", "Qwen/Qwen3-1.7B", "me/a")
     assert "[Qwen/Qwen3-1.7B](https://huggingface.co/Qwen/Qwen3-1.7B)" in hub and 'model="me/a"' in hub
+
+
+def test_a_cache_folder_is_named_as_the_builtin_the_user_wrote(tmp_path, monkeypatch):
+    from hacpo_trl.cache import builtin_name
+
+    monkeypatch.setenv("HACPO_CACHE", str(tmp_path))
+    assert builtin_name(str(tmp_path / "trace-small-05d8365ca4")) == "builtin:trace-small"
+    assert builtin_name(str(tmp_path / "smollm2-135m-instruct-89bf2d7341")) == "builtin:smollm2-135m-instruct"
+    assert builtin_name(str(tmp_path / "elsewhere" / "trace-small-05d8365ca4")) is None
+    assert builtin_name("outputs/my-model") is None and builtin_name(None) is None

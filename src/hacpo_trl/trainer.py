@@ -41,6 +41,7 @@ from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
 from . import checkpoints, metrics, padding
 from .algorithm import CapabilityTracker, open_peers, peer_fade_weight
+from .cache import builtin_name
 from .config import HACPOConfig
 from .exchange import (
     PROMPT_ID_COLUMN,
@@ -501,7 +502,8 @@ class HACPOTrainer(GRPOTrainer):
         with hub_base_model(self.model, self._base_model):  # a built-in copy of a Hub model: named as such
             super().create_model_card(model_name=model_name or self.agent, dataset_name=dataset_name, tags=tags)
         if self.is_world_process_zero():
-            label = self.args.agent_spec.model_name_or_path or self._base_model  # as the user wrote it
+            # as the user wrote it: the recipe's name, else `builtin:<name>` for a cache folder, else the path given
+            label = self.args.agent_spec.model_name_or_path or builtin_name(self._base_model) or self._base_model
             card = os.path.join(self.args.output_dir, "README.md")
             if os.path.isfile(card):  # TRL's template leaves base model and repository as `None` for local models
                 with open(card) as f:
