@@ -80,7 +80,7 @@ def test_cli_rejects_a_bad_recipe_before_loading_any_model(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(recipe))
     proc = subprocess.run(
-        [sys.executable, "-m", "hacpo_trl.train", "--config", str(path)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "hacpo_trl.train", "--config", str(path)], capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 2
     assert "hacpo-train: error: unknown recipe key 'learnin_rate'; did you mean 'learning_rate'?" in proc.stderr
