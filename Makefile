@@ -23,10 +23,13 @@ $(VENV)/.installed: pyproject.toml
 
 # Two built-in tiny agents learn worked-solution arithmetic together with HACPO on the CPU, in the paper's regime
 # (peer ratios near 1): the pair where HACPO helped most in benchmarks/RESULTS.md, 12 generation batches as there.
+# Each pair has its own folder (outputs/demo, outputs/demo_state, ...); a second `make demo` into a folder that holds
+# a run is refused: `make demo DEMO_ARGS=--overwrite_output_dir` trains into it anyway.
 DEMO_PAIR ?= size
+DEMO_DIR = outputs/demo$(if $(filter size,$(DEMO_PAIR)),,_$(DEMO_PAIR))
 demo: $(VENV)/.installed
 	$(BIN)/accelerate launch --config_file accelerate_configs/cpu_2agents.yaml \
-		-m hacpo_trl.train --config recipes/tiny_$(DEMO_PAIR).yaml --output_dir outputs/demo --max_steps 48
+		-m hacpo_trl.train --config recipes/tiny_$(DEMO_PAIR).yaml --output_dir $(DEMO_DIR) --max_steps 48 $(DEMO_ARGS)
 
 # Table 1 and the ablations in miniature on CPU: 3 pairs x 6 methods x 8 seeds plus ablations
 # -> benchmarks/RESULTS.md, results.json, learning_curves.png (`python benchmarks/reproduce.py --quick`: minutes)

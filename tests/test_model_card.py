@@ -88,3 +88,28 @@ def test_card_records_whether_trls_vllm_is_correction_was_applied():
     assert "correction was ON (mode `sequence_mask`)" in hacpo_card_section(s, "small", None, [], 0)
     s.use_vllm = False
     assert "no vLLM importance-sampling correction applies" in hacpo_card_section(s, "small", None, [], 0)
+
+
+def test_name_card_leaves_no_none_in_trls_card():
+    from hacpo_trl.model_card import name_card
+
+    trl_card = (
+        "# Model Card for None\n\nThis model is a fine-tuned version of [None](https://huggingface.co/None).\n"
+        'generator = pipeline("text-generation", model="None", device_map="auto")\n'
+    )
+    card = name_card(trl_card, "trace-small", "builtin:trace-small", "outputs/demo/trace-small")
+    assert "None" not in card
+    assert card.startswith("# Model Card for trace-small\n")
+    assert "fine-tuned version of `builtin:trace-small`." in card and 'model="outputs/demo/trace-small"' in card
+    hub = name_card(trl_card, "a", "Qwen/Qwen3-1.7B", "me/a")
+    assert "[Qwen/Qwen3-1.7B](https://huggingface.co/Qwen/Qwen3-1.7B)" in hub and 'model="me/a"' in hub
+
+
+def test_a_cache_folder_is_named_as_the_builtin_the_user_wrote(tmp_path, monkeypatch):
+    from hacpo_trl.cache import builtin_name
+
+    monkeypatch.setenv("HACPO_CACHE", str(tmp_path))
+    assert builtin_name(str(tmp_path / "trace-small-05d8365ca4")) == "builtin:trace-small"
+    assert builtin_name(str(tmp_path / "smollm2-135m-instruct-89bf2d7341")) == "builtin:smollm2-135m-instruct"
+    assert builtin_name(str(tmp_path / "elsewhere" / "trace-small-05d8365ca4")) is None
+    assert builtin_name("outputs/my-model") is None and builtin_name(None) is None

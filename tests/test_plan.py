@@ -325,3 +325,28 @@ def test_baseline_recipes_are_the_pairs_hacpo_recipe_with_the_papers_baseline_sc
         assert code == 0 and "plan: OK" in out, out
         assert out.count(f"generation batch: 128 prompts x {generations} = {128 * generations} completions") == 2
         assert out.count(f"{len(updates)} optimizer updates per generation batch: {', '.join(updates)}\n") == 2
+
+
+def test_plan_reads_the_recipes_own_accelerate_config_and_hints_at_hf_download(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    recipe = yaml.safe_load((root / "recipes" / "tiny_size.yaml").read_text())
+    for agent in recipe["agents"]:
+        agent["num_processes"] = 4
+    recipe.update(accelerate_config="accelerate_configs/zero2_8gpu.yaml", use_cpu=False)
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "accelerate_configs").mkdir()
+    (tmp_path / "accelerate_configs" / "zero2_8gpu.yaml").write_text(
+        (root / "accelerate_configs" / "zero2_8gpu.yaml").read_text()
+    )
+    path = tmp_path / "recipes" / "r.yaml"  # the key is relative to the folder above recipes/
+    path.write_text(yaml.safe_dump(recipe))
+    proc = subprocess.run(
+        [sys.executable, "-m", "hacpo_trl.train", "--config", str(path), "--plan"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path / "recipes",
+    )  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    assert "zero2_8gpu.yaml" in proc.stdout and "assumed" not in proc.stdout
+    from hacpo_trl.plan_cli import model_config
+
+    with pytest.raises(ValueError, match=r"`hf download someorg/no-such-model config.json`"):
+        model_config("someorg/no-such-model")

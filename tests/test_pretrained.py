@@ -131,6 +131,13 @@ def test_saved_smollm2_agent_loads_as_adapter_and_merged_with_a_card_naming_the_
     card = (folder / "README.md").read_text()
     assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in card  # TRL's front matter
     assert "offline copy of `HuggingFaceTB/SmolLM2-135M-Instruct`" in card and "## HACPO" in card
+    # no `None` anywhere: the card names the agent, its base as the user gave it, and where to load it from
+    for agent, base in (("smollm2-135m-instruct0", "HuggingFaceTB/SmolLM2-135M-Instruct"), ("tiny-llama1", None)):
+        text = (out / agent / "README.md").read_text()
+        assert "None" not in text, agent
+        assert text.split("---\n", 2)[2].lstrip().startswith(f"# Model Card for {agent}\n"), agent
+        assert f'model="{out / agent}"' in text, agent
+        assert (base or "`builtin:tiny-llama`") in text.split("## HACPO")[0] and "Base model: `builtin:" in text
     merged = AutoPeftModelForCausalLM.from_pretrained(folder).merge_and_unload()
     assert type(merged).__name__ == "LlamaForCausalLM"
     merged.save_pretrained(tmp_path / "merged")

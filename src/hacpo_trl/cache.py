@@ -20,3 +20,12 @@ def cache_folder(name: str, spec, version: int | str, directory: str | None = No
     ``version``) is built anew instead of reusing an old folder."""
     payload = json.dumps({"name": name, **asdict(spec), "v": version}, sort_keys=True).encode()
     return directory or os.path.join(cache_root(), f"{name}-{hashlib.sha1(payload).hexdigest()[:10]}")
+
+
+def builtin_name(path: str | None) -> str | None:
+    """``builtin:<name>`` for a folder of the cache (``<name>-<10 hex>`` under `cache_root`), else None: model cards
+    name a built-in model as the user wrote it, not by its cache path."""
+    if not isinstance(path, str) or os.path.dirname(os.path.abspath(path)) != os.path.abspath(cache_root()):
+        return None
+    name, _, digest = os.path.basename(os.path.normpath(path)).rpartition("-")
+    return f"builtin:{name}" if name and len(digest) == 10 and all(c in "0123456789abcdef" for c in digest) else None

@@ -16,6 +16,8 @@ from tqdm.auto import tqdm
 
 __all__ = [
     "EvalResult",
+    "builtin_eval",
+    "eval_length",
     "eval_placement",
     "evaluate_model",
     "evaluate_with_vllm",
@@ -302,12 +304,38 @@ def load_benchmark(bench: Benchmark):
     return data.map(convert, remove_columns=data.column_names)
 
 
+# ------------------------------------------------------------------------------ the built-in tasks, as trained
+
+BUILTIN_TASKS = ("arithmetic", "arithmetic_trace")
 TASK_RECORD = "hacpo_task.json"  # written next to each saved agent by `hacpo-train`: what it was trained on
 
 
+def eval_length(task: str, max_completion_length: int) -> int:
+    """Generation length of held-out evaluation: worked solutions get the full completion length, short answers at
+    most 16 tokens (training's own evaluation and `hacpo-eval` alike)."""
+    return max_completion_length if task == "arithmetic_trace" else min(16, max_completion_length)
+
+
+def builtin_eval(task: str, max_completion_length: int | None = None, split: str = "test"):
+    """The held-out ``split`` of a built-in task, its reward and the generation length, exactly as a training run
+    evaluates it (so that `hacpo-eval` reproduces the run's summary). Without the run's completion length: 64
+    tokens for worked solutions, 8 for short answers."""
+    from .rewards import arithmetic_exact_match, arithmetic_trace_answer
+    from .tasks import task_splits
+
+    splits = task_splits(task)
+    if split not in splits:
+        raise ValueError(f"task {task!r} has no {split!r} split")
+    reward = arithmetic_trace_answer if task == "arithmetic_trace" else arithmetic_exact_match
+    if max_completion_length is None:
+        return splits[split], reward, 64 if task == "arithmetic_trace" else 8
+    return splits[split], reward, eval_length(task, max_completion_length)
+
+
 def trained_task(path: str) -> dict | None:
-    """What the agent in ``path`` was trained on (task, eval split and size, completion length, chat template
-    kwargs), or None for a model that `hacpo-train` did not save."""
+    """What the agent in ``path`` was trained on (task, eval split and size, completion length, chat
+    template kwargs), or None for a
+    model that `hacpo-train` did not save."""
     import json
     import os
 
@@ -338,13 +366,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from .rewards import arithmetic_exact_match, math_verify_boxed
-    from .tasks import arithmetic_splits
+    from .rewards import math_verify_boxed
 
     parser = argparse.ArgumentParser(prog="hacpo-eval", description=main.__doc__)
     parser.add_argument("--model", action="append", required=True, help="a trained agent folder (repeatable)")
     parser.add_argument(
-        "--benchmark", action="append", default=None, help=f"arithmetic or one of {sorted(BENCHMARKS)} (repeatable)"
+        "--benchmark",
+        action="append",
+        default=None,
+        help=f"a built-in task ({', '.join(BUILTIN_TASKS)}) or one of {sorted(BENCHMARKS)} (repeatable); default: "
+        "the task the agent was trained on (its held-out split, as many problems as the run evaluated)",
     )
     parser.add_argument("--dataset", help="any dataset id or .json/.jsonl file, with --problem_column/--answer_column")
     parser.add_argument("--split", default="test")
@@ -362,8 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--batch_size",
         type=int,
-        default=16,
-        help="problems per generate call (x k samples), lowered to fit the KV cache",
+        default=None,
+        help="problems per generate call (x k samples), lowered to fit the KV cache; default: 64 on built-in "
+        "tasks, else 16",
     )
     parser.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="generate with transformers or vLLM")
     parser.add_argument(
@@ -376,9 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     benches: dict[str, Benchmark | None] = {}
-    for name in args.benchmark or ([] if args.dataset else ["arithmetic"]):
-        if name != "arithmetic" and name not in BENCHMARKS:
-            parser.error(f"unknown benchmark {name!r}; use arithmetic, one of {sorted(BENCHMARKS)}, or --dataset")
+    for name in args.benchmark or []:
+        if name not in BUILTIN_TASKS and name not in BENCHMARKS:
+            parser.error(
+                f"unknown benchmark {name!r}; use one of {list(BUILTIN_TASKS) + sorted(BENCHMARKS)}, or --dataset"
+            )
         benches[name] = BENCHMARKS.get(name)
     if args.dataset:
         benches[os.path.basename(args.dataset.rstrip("/"))] = Benchmark(
@@ -389,26 +423,62 @@ def main(argv: list[str] | None = None) -> int:
 
         if importlib.util.find_spec("vllm") is None:
             parser.error("--backend vllm needs vLLM: pip install 'hacpo-trl[vllm]' (GPU only)")
+    plans = {}  # per agent: its benchmarks and, for built-in tasks, how its training run evaluated them
     for path in args.model:
         if not os.path.isdir(path):
             parser.error(f"--model {path!r} is not a folder with a trained agent")
+        record = trained_task(path) or {}
+        task = record.get("task")
+        chosen = dict(benches)
+        if not chosen:  # no benchmark named: the task the agent was trained on, else the short-answer task
+            if task is not None and task not in BUILTIN_TASKS:
+                parser.error(f"--model {path!r} was trained on task {task!r}: name a --benchmark or --dataset")
+            chosen = {task or "arithmetic": None}
+            print(
+                f"{os.path.basename(os.path.normpath(path))}: "
+                + (
+                    f"trained on {task!r}; evaluating its held-out {record.get('eval_split', 'test')!r} split"
+                    if task
+                    else "no training record; evaluating the built-in 'arithmetic' task"
+                ),
+                flush=True,
+            )
+        for name in chosen:
+            if task in BUILTIN_TASKS and name in BUILTIN_TASKS and name != task:
+                parser.error(
+                    f"--model {path!r} was trained on {task!r}, not {name!r}: use --benchmark {task} "
+                    "(or leave --benchmark out)"
+                )
+        plans[path] = (chosen, record)
 
     results: dict[str, dict[str, dict]] = {}
     for path in args.model:
+        benches, record = plans[path]
         model = load_for_eval(path) if args.backend == "hf" else None
         tok = AutoTokenizer.from_pretrained(path, padding_side="left")
         name = os.path.basename(os.path.normpath(path))
         results[name] = {}
         template_kwargs = args.chat_template_kwargs
         if template_kwargs is None:  # as the agent was trained (e.g. Qwen3 with enable_thinking false)
-            template_kwargs = (trained_task(path) or {}).get("chat_template_kwargs")
+            template_kwargs = record.get("chat_template_kwargs")
         for bench_name, bench in benches.items():
+            batch_size = args.batch_size or 16
+            limit = args.limit
             if bench is None:
-                data, reward, max_new = arithmetic_splits()["test"], arithmetic_exact_match, min(args.max_new_tokens, 8)
+                trained_here = record.get("task") == bench_name
+                data, reward, max_new = builtin_eval(
+                    bench_name,
+                    record.get("max_completion_length") if trained_here else None,
+                    record.get("eval_split", "test") if trained_here else "test",
+                )
+                max_new = min(args.max_new_tokens, max_new)
+                batch_size = args.batch_size or 64  # as the training run's evaluation batches
+                if limit is None and trained_here and record.get("eval_samples"):
+                    limit = record["eval_samples"]  # the problems the run's summary reports
             else:
                 data, reward, max_new = load_benchmark(bench), math_verify_boxed, args.max_new_tokens
-            if args.limit:
-                data = data.select(range(min(args.limit, len(data))))
+            if limit:
+                data = data.select(range(min(limit, len(data))))
             sampling = dict(k=args.k, temperature=args.temperature, max_new_tokens=max_new)
             if args.backend == "vllm":
                 result = evaluate_with_vllm(path, tok, data, reward, chat_template_kwargs=template_kwargs, **sampling)
@@ -418,14 +488,17 @@ def main(argv: list[str] | None = None) -> int:
                     tok,
                     data,
                     reward,
-                    batch_size=args.batch_size,
+                    batch_size=batch_size,
                     chat_template_kwargs=template_kwargs,
                     progress=True,
                     desc=f"{name} / {bench_name}",
                     **sampling,
                 )
             results[name][bench_name] = result.as_dict()
-            print(f"{name} / {bench_name}: avg@{args.k} {result.avg_at_k:.3f}  best@{args.k} {result.best_at_k:.3f}")
+            print(
+                f"{name} / {bench_name} ({len(data)} problems): avg@{args.k} {result.avg_at_k:.3f}  "
+                f"best@{args.k} {result.best_at_k:.3f}"
+            )
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=2)

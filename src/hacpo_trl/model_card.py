@@ -13,7 +13,14 @@ from contextlib import contextmanager
 
 from .pretrained import original_model
 
-__all__ = ["CARD_SETTINGS", "PAPER", "append_card_section", "hacpo_card_section", "hub_base_model"]
+__all__ = [
+    "CARD_SETTINGS",
+    "PAPER",
+    "append_card_section",
+    "hacpo_card_section",
+    "hub_base_model",
+    "name_card",
+]
 
 PAPER = {  # TRL's card cites it (`GRPOTrainer._paper`)
     "title": "Heterogeneous Agent Collaborative Reinforcement Learning",
@@ -31,14 +38,20 @@ CARD_SETTINGS = (
 
 
 def hacpo_card_section(
-    settings, agent: str, base_model: str | None, log_history: Sequence[dict], global_step: int
+    settings,
+    agent: str,
+    base_model: str | None,
+    log_history: Sequence[dict],
+    global_step: int,
+    base_label: str | None = None,
 ) -> str:
     """The Markdown appended to TRL's card. ``settings`` is the agent's `HACPOConfig` (``specs``,
     ``share_rollouts`` and :data:`CARD_SETTINGS` are read); the final value of each reward, capability and
-    ``train_loss`` entry of ``log_history`` is listed."""
+    ``train_loss`` entry of ``log_history`` is listed. ``base_label`` names the base model as the user gave it
+    (``builtin:<name>``, a Hub id or a path; default ``base_model``, the folder it was loaded from)."""
     lines = ["", "", "## HACPO", ""]
     lines.append(f"This model is agent `{agent}` of a HACPO run (arXiv 2603.02604), trained with `hacpo-trl`.")
-    lines.append(f"Base model: `{base_model or 'in-memory model'}`.")
+    lines.append(f"Base model: `{base_label or base_model or 'in-memory model'}`.")
     if original_model(base_model):
         lines.append(f"It is an offline copy of `{original_model(base_model)}` (see its README.md).")
     lines.append("")
@@ -90,6 +103,19 @@ def hub_base_model(model, base_model: str | None):
     finally:
         if original and config is not None:
             config._name_or_path = saved
+
+
+def name_card(text: str, agent: str, base_model: str | None, model_id: str) -> str:
+    """TRL's card with the names its template leaves as ``None`` filled in: the title names the agent, the base
+    model is named as the user gave it (a Hub id links to the Hub; ``builtin:<name>`` or a local path is shown as
+    written) and the quick start loads ``model_id`` (the Hub repository, else the saved folder)."""
+    text = text.replace("# Model Card for None", f"# Model Card for {agent}")
+    if base_model and base_model.count("/") == 1 and not base_model.startswith((".", "/", "~", "builtin:")):
+        base = f"[{base_model}](https://huggingface.co/{base_model})"
+    else:
+        base = f"`{base_model or 'an in-memory model'}`"
+    text = text.replace("[None](https://huggingface.co/None)", base)
+    return text.replace('model="None"', f'model="{model_id}"')
 
 
 def append_card_section(output_dir: str, section: str) -> None:

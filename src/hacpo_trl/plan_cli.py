@@ -50,7 +50,7 @@ def model_config(name_or_path: str) -> dict:
     if not isinstance(cached, str):
         raise ValueError(
             f"cannot read config.json of {name_or_path!r}: not a local folder and not in the Hugging Face cache "
-            f"({HF_HUB_CACHE}). Fetch only that file with `huggingface-cli download {name_or_path} config.json` "
+            f"({HF_HUB_CACHE}). Fetch only that file with `hf download {name_or_path} config.json` "
             "(a few KB) or point model_name_or_path at a local folder"
         )
     with open(cached) as f:
@@ -100,6 +100,16 @@ def _dataset_rows(recipe: dict) -> int | None:
     return DATASET_ROWS.get(recipe.get("dataset_name"))
 
 
+def _recipe_accelerate_config(recipe: dict, recipe_path: str) -> str | None:
+    """The recipe's own ``accelerate_config`` key: a path as given (from the working directory), else relative to
+    the folder above the recipe's (recipes/ and accelerate_configs/ sit side by side)."""
+    name = recipe.get("accelerate_config")
+    if not name or os.path.isfile(name) or os.path.isabs(name):
+        return name
+    beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(recipe_path))), name)
+    return beside if os.path.isfile(beside) else name
+
+
 def build_plan(
     recipe: dict,
     accelerate_config: str | None,
@@ -141,7 +151,10 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="hacpo-train --plan", description=__doc__)
     parser.add_argument("--config", required=True, help="the recipe")
     parser.add_argument("--plan", action="store_true")
-    parser.add_argument("--accelerate_config", help="the accelerate config file the run will be launched with")
+    parser.add_argument(
+        "--accelerate_config",
+        help="the accelerate config file the run will be launched with (default: the recipe's accelerate_config)",
+    )
     parser.add_argument(
         "--gpu_memory_gib",
         type=float,
@@ -152,7 +165,8 @@ def main(argv: list[str]) -> int:
     args, rest = parser.parse_known_args(argv)
     try:
         recipe = load_recipe(args.config, rest)
-        plan = build_plan(recipe, args.accelerate_config, args.gpu_memory_gib, args.dataset_rows)
+        accelerate_config = args.accelerate_config or _recipe_accelerate_config(recipe, args.config)
+        plan = build_plan(recipe, accelerate_config, args.gpu_memory_gib, args.dataset_rows)
     except (RecipeError, ValueError, OSError) as exc:
         print(f"hacpo-train --plan: error: {exc}", file=sys.stderr)
         return 2

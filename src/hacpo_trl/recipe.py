@@ -9,6 +9,10 @@ Public functions (names are stable):
   typo suggestions, agents, output folders, process counts against the launch, rewards, task); raises `RecipeError`.
 - ``config_path(argv) -> str | None``: the ``--config`` value of a command line.
 - ``cli_overrides(argv) -> dict``: the ``--key value`` flags of a command line as recipe keys.
+- ``preflight(recipe, num_processes=None)``: the checks that import no ML library (model folders, values, output
+  folders, dataset, rewards, process counts), run by every rank of a launch before anything heavy.
+- ``check_output_dir(recipe)``: refuse an output folder that already holds a run (unless overwrite or resume).
+- ``numbers_as_values(argv) -> list[str]``: ``--flag -1e-4`` as ``--flag=-1e-4`` for argparse.
 
 `RecipeError` (a `ValueError`) carries a message naming the key and the fix. `HACPOScriptArguments` holds the
 script-level recipe keys (task, rewards, evaluation), next to `HACPOConfig`'s.
@@ -54,17 +58,35 @@ class HACPOScriptArguments:
             side, for choosing settings without looking at the held-out split).
         eval_every: also evaluate every N optimizer steps, for learning curves in the summary (0 = off).
         plot: write a PNG of every agent's reward and capability curves next to the agents (global rank 0).
+        accelerate_config: the accelerate config file this recipe is meant to be launched with; `--plan` reads it
+            when no ``--accelerate_config`` is given (training itself is launched with ``--config_file``).
+        overwrite_output_dir: train into an output folder that already holds a run (a summary, a saved agent or a
+            checkpoint); without it, or ``resume_from_checkpoint``, such a launch is refused so that two runs are
+            never mixed (transformers 5 dropped `TrainingArguments.overwrite_output_dir`; this is HACPO's own).
     """
 
-    task: str = field(default="arithmetic", metadata={"help": "'arithmetic', 'math' or 'dataset'."})
+    task: str = field(default="arithmetic", metadata={"help": "'arithmetic', 'arithmetic_trace', 'math' or 'dataset'."})
     dataset_name: str | None = field(default=None, metadata={"help": "Dataset id or path."})
     dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration."})
     dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
-    reward_funcs: list[str] = field(default_factory=lambda: ["arithmetic_exact"], metadata={"help": "Rewards."})
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["arithmetic_exact"],
+        metadata={
+            "help": "Reward names (arithmetic_exact, arithmetic_trace, math_verify, boxed_format) or import paths "
+            "'module:function'."
+        },
+    )
     eval_samples: int = field(default=300, metadata={"help": "Held-out problems to evaluate before and after."})
     eval_split: str = field(default="test", metadata={"help": "'test' or 'validation' (built-in tasks)."})
     eval_every: int = field(default=0, metadata={"help": "Also evaluate every N steps (learning curves); 0 = off."})
     plot: bool = field(default=True, metadata={"help": "Write reward and capability curves as a PNG."})
+    accelerate_config: str | None = field(
+        default=None, metadata={"help": "The accelerate config the recipe is launched with (read by --plan)."}
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Train into an output folder that already holds a run (refused otherwise; see README)."},
+    )
 
 
 # ------------------------------------------------------------------------------------------ recipe checks
@@ -93,7 +115,14 @@ def load_recipe(path: str, argv: list[str] | None = None) -> dict:
     if not os.path.isfile(path):
         raise RecipeError(f"recipe file {path!r} does not exist")
     with open(path) as f:
-        recipe = yaml.load(f, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        try:
+            recipe = yaml.load(f, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        except yaml.MarkedYAMLError as exc:  # one line, file:line:col, as compilers print it
+            mark = exc.problem_mark or exc.context_mark
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
+            raise RecipeError(f"{where}: malformed YAML: {exc.problem or exc.context}") from None
+        except yaml.YAMLError as exc:
+            raise RecipeError(f"{path}: malformed YAML: {exc}") from None
     if not isinstance(recipe, dict):
         raise RecipeError(f"recipe {path!r} must be a YAML mapping of settings")
     if argv:
@@ -131,12 +160,12 @@ def _field_names() -> set[str]:
 
 
 def check_recipe(recipe: dict, num_processes: int | None = None) -> None:
-    """Everything that can be checked without loading a model: keys, agents, process counts, rewards.
+    """Everything that can be checked without loading a model: keys, agents, output folders, then `preflight`
+    (process counts, model folders, values, rewards) except the dataset, which a plan on paper does not need.
 
     Raises :class:`RecipeError` naming the first problem.
     """
     from .config import AgentSpec, _as_specs, agent_output_dir
-    from .rewards import get_reward_funcs
 
     valid = _field_names() | {"env"}
     for key in recipe:
@@ -162,25 +191,9 @@ def check_recipe(recipe: dict, num_processes: int | None = None) -> None:
                 "give each its own `output_dir`"
             )
         resolved[folder] = spec.name
-    total = sum(s.num_processes for s in specs)
-    if num_processes is not None and total != num_processes:
-        counts = ", ".join(f"{s.name}: {s.num_processes}" for s in specs)
-        raise RecipeError(
-            f"recipe key 'agents': num_processes add up to {total} ({counts}) but the launch has {num_processes}"
-        )
-    try:
-        get_reward_funcs(recipe.get("reward_funcs", HACPOScriptArguments().reward_funcs))
-    except ValueError as exc:
-        raise RecipeError(str(exc)) from None
-    task = recipe.get("task", "arithmetic")
-    if task not in ("arithmetic", "arithmetic_trace", "math", "dataset"):
-        raise RecipeError(
-            f"recipe key 'task' must be 'arithmetic', 'arithmetic_trace', 'math' or 'dataset', got {task!r}"
-        )
     if recipe.get("eval_split", "test") not in ("test", "validation"):
         raise RecipeError(f"recipe key 'eval_split' must be 'test' or 'validation', got {recipe['eval_split']!r}")
-    if task == "dataset" and not recipe.get("dataset_name"):
-        raise RecipeError("recipe key 'dataset_name' is required with task: dataset")
+    preflight(recipe, num_processes, data=False)
 
 
 def config_path(argv: list[str]) -> str | None:
@@ -191,3 +204,166 @@ def config_path(argv: list[str]) -> str | None:
         if arg.startswith("--config="):
             return arg.split("=", 1)[1]
     return None
+
+
+# ------------------------------------------------------------------------------- checks before heavy imports
+
+
+def looks_local(name: str) -> bool:
+    """Whether a model or dataset name is a local path rather than a Hub id (``org/name`` or ``name``): it starts
+    with ``/``, ``.`` or ``~``, has more than one ``/``, or names something that exists here."""
+    return (
+        name.startswith(("/", ".", "~"))
+        or name.count("/") > 1
+        or os.sep != "/"
+        and os.sep in name
+        or os.path.exists(os.path.expanduser(name))
+    )
+
+
+def _number(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None  # not a number at all: left to the argument parser, which names the type
+
+
+def _raw_agents(recipe: dict) -> list[dict]:
+    agents = recipe.get("agents")
+    if isinstance(agents, dict):
+        return [{"name": n, **(a if isinstance(a, dict) else {})} for n, a in agents.items()]
+    return [a for a in agents or [] if isinstance(a, dict)]
+
+
+def _hub_offline(environ) -> bool:
+    return any(
+        str(environ.get(k, "")).lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
+
+
+def _dataset_cached(name: str) -> bool:
+    """Whether the Hub dataset ``name`` has a copy in the Hugging Face hub or datasets cache (offline use)."""
+    from huggingface_hub.constants import HF_HOME, HF_HUB_CACHE
+
+    datasets_cache = os.environ.get("HF_DATASETS_CACHE", os.path.join(HF_HOME, "datasets"))
+    return os.path.isdir(os.path.join(HF_HUB_CACHE, "datasets--" + name.replace("/", "--"))) or os.path.isdir(
+        os.path.join(datasets_cache, name.replace("/", "___"))
+    )
+
+
+def preflight(recipe: dict, num_processes: int | None = None, environ=os.environ, data: bool = True) -> None:
+    """The checks that read only the recipe, the launch environment and the file system, importing no ML library:
+    a deterministic function of those, so every rank of a launch reaches the same verdict in a second or two.
+
+    Checks: process counts against the launch, model folders that do not exist (a local-looking path, see
+    `looks_local`), learning rates < 0 (run and per agent), ``max_completion_length <= 0``, an output folder that
+    is a file, the task name, a local dataset file that does not exist, a Hub dataset id while the Hub is offline
+    and nothing is cached (``data=False`` skips the dataset), and reward names / import paths. Raises `RecipeError` naming the first problem.
+    """
+    agents = _raw_agents(recipe)
+    for agent in agents:
+        name = agent.get("name")
+        if not isinstance(name, str) or not name or "/" in name:
+            raise RecipeError(f"recipe key 'agents': agent `name` must be a non-empty string without '/', got {name!r}")
+    generations = recipe.get("num_generations")
+    if _number(generations) is not None and _number(generations) < 2:
+        raise RecipeError(
+            f"recipe key 'num_generations' must be at least 2 (GRPO compares completions of one prompt), "
+            f"got {generations!r}"
+        )
+    counts = [a.get("num_processes", 1) for a in agents]
+    if num_processes is not None and agents and all(isinstance(c, int) for c in counts):
+        if sum(counts) != num_processes:
+            listed = ", ".join(f"{a.get('name')}: {c}" for a, c in zip(agents, counts, strict=True))
+            raise RecipeError(
+                f"recipe key 'agents': num_processes add up to {sum(counts)} ({listed}) but the launch has "
+                f"{num_processes}"
+            )
+    for agent in agents:
+        path = agent.get("model_name_or_path")
+        if isinstance(path, str) and not path.startswith("builtin:") and looks_local(path):
+            if not os.path.isdir(os.path.expanduser(path)):
+                raise RecipeError(
+                    f"recipe key 'agents.{agent.get('name')}.model_name_or_path': model folder {path!r} does not "
+                    "exist (a Hub id has the form 'org/name')"
+                )
+    rates = [("learning_rate", recipe.get("learning_rate"))] + [
+        (f"agents.{a.get('name')}.learning_rate", a.get("learning_rate")) for a in agents
+    ]
+    for key, value in rates:
+        if _number(value) is not None and _number(value) < 0:
+            raise RecipeError(f"recipe key {key!r} must be >= 0, got {value!r}")
+    length = recipe.get("max_completion_length")
+    if _number(length) is not None and _number(length) <= 0:
+        raise RecipeError(f"recipe key 'max_completion_length' must be a positive number of tokens, got {length!r}")
+    several = len(agents) > 1
+    folders = [("output_dir", recipe.get("output_dir"))] + [
+        (f"agents.{a.get('name')}.output_dir", a.get("output_dir")) for a in agents
+    ]
+    for a in agents:
+        if several and not a.get("output_dir") and isinstance(a.get("name"), str):
+            folders.append(("output_dir", os.path.join(recipe.get("output_dir") or "hacpo_output", a["name"])))
+    for key, folder in folders:
+        if isinstance(folder, str) and os.path.isfile(folder):
+            raise RecipeError(f"recipe key {key!r}: {folder!r} is a file, not a folder")
+    task = recipe.get("task", "arithmetic")
+    if task not in ("arithmetic", "arithmetic_trace", "math", "dataset"):
+        raise RecipeError(
+            f"recipe key 'task' must be 'arithmetic', 'arithmetic_trace', 'math' or 'dataset', got {task!r}"
+        )
+    if task == "dataset" and not recipe.get("dataset_name"):
+        raise RecipeError("recipe key 'dataset_name' is required with task: dataset")
+    if data and task in ("math", "dataset"):
+        name = str(recipe.get("dataset_name") or "DigitalLearningGmbH/MATH-lighteval")
+        if looks_local(name) or name.endswith((".json", ".jsonl", ".csv", ".parquet")):
+            if not os.path.exists(os.path.expanduser(name)):
+                raise RecipeError(f"recipe key 'dataset_name': {name!r} does not exist")
+        elif _hub_offline(environ) and not _dataset_cached(name):
+            raise RecipeError(
+                f"recipe key 'dataset_name': {name!r} is a Hub dataset id, the Hub is offline (HF_HUB_OFFLINE) and "
+                "it is not in the Hugging Face cache; download it where the Hub is reachable or give a local path"
+            )
+    from .rewards import get_reward_funcs  # light: no ML library; imports the user's reward module, if named
+
+    try:
+        get_reward_funcs(recipe.get("reward_funcs", HACPOScriptArguments().reward_funcs))
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from None
+
+
+_RUN_FILES = ("hacpo_summary.json", "hacpo_task.json", "log_history.json", "config.json", "adapter_config.json")
+
+
+def check_output_dir(recipe: dict) -> None:
+    """Refuse an output folder that already holds a run (the run's summary, a saved agent or a checkpoint) unless
+    the recipe sets ``overwrite_output_dir`` or ``resume_from_checkpoint``: a second run would silently mix its
+    agents and summary with the first's."""
+    if recipe.get("overwrite_output_dir") or recipe.get("resume_from_checkpoint"):
+        return
+    agents = _raw_agents(recipe)
+    root = recipe.get("output_dir") or ("hacpo_output" if len(agents) > 1 else None)
+    folders = [root] + [
+        a.get("output_dir") or (os.path.join(root, a["name"]) if len(agents) > 1 and root else None) for a in agents
+    ]
+    for folder in folders:
+        if not isinstance(folder, str) or not os.path.isdir(folder):
+            continue
+        held = [f for f in _RUN_FILES if os.path.isfile(os.path.join(folder, f))]
+        held += sorted(f for f in os.listdir(folder) if f.startswith("checkpoint-"))[:1]
+        if held:
+            raise RecipeError(
+                f"output folder {folder!r} already holds a run ({held[0]}); choose a new --output_dir, or pass "
+                "--overwrite_output_dir to train into it anyway, or set `resume_from_checkpoint: true` in the recipe to continue it"
+            )
+
+
+def numbers_as_values(argv: list[str]) -> list[str]:
+    """``--flag -1e-4`` as ``--flag=-1e-4``: argparse takes ``-1e-4`` for an option (it knows only ``-1`` and
+    ``-.5`` as negative numbers), so a negative learning rate on the command line would fail with a page of usage."""
+    out = []
+    for arg in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and arg.startswith("-") and _number(arg) is not None:
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out

@@ -15,7 +15,16 @@ import os
 import sys
 
 # Recipe reading and checking live in `hacpo_trl.recipe`; the names are re-exported here for existing callers.
-from .recipe import HACPOScriptArguments, RecipeError, check_recipe, config_path, load_recipe
+from .recipe import (
+    HACPOScriptArguments,
+    RecipeError,
+    check_output_dir,
+    check_recipe,
+    config_path,
+    load_recipe,
+    numbers_as_values,
+    preflight,
+)
 from .trackers import check_trackers
 
 __all__ = ["HACPOScriptArguments", "RecipeError", "check_recipe", "load_recipe", "main"]
@@ -46,7 +55,7 @@ def _evaluate(trainer, test, script_args) -> float | None:
     collective = getattr(trainer, "is_fsdp_enabled", False) or getattr(getattr(trainer, "_dist", None), "is_zero3", 0)
     if trainer.accelerator.process_index != 0 and not collective:
         return None
-    from .evaluate import evaluate_model
+    from .evaluate import eval_length, evaluate_model
     from .rewards import get_reward_funcs
 
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -55,11 +64,7 @@ def _evaluate(trainer, test, script_args) -> float | None:
         trainer.processing_class,
         test.select(range(min(script_args.eval_samples, len(test)))),
         get_reward_funcs(script_args.reward_funcs)[0],
-        max_new_tokens=(
-            trainer.args.max_completion_length
-            if script_args.task == "arithmetic_trace"
-            else min(16, trainer.args.max_completion_length)
-        ),
+        max_new_tokens=eval_length(script_args.task, trainer.args.max_completion_length),
         chat_template_kwargs=trainer.args.chat_template_kwargs,
     )
     return result.avg_at_k if trainer.accelerator.process_index == 0 else None
@@ -82,25 +87,44 @@ def _write_task_record(config, script_args) -> None:
         json.dump(record, f, indent=2)
 
 
-def _plot(histories: dict[str, list[dict]], agents: list[str], path: str) -> None:
+def _plot(
+    histories: dict[str, list[dict]],
+    agents: list[str],
+    path: str,
+    curves: dict[str, list] | None = None,
+    temperature: float | None = None,
+) -> None:
+    """Reward and capability per agent, every point marked (one generation batch is one point, never a blank
+    axis). The left panel also shows greedy held-out accuracy where it was measured (``curves``: step, accuracy),
+    the number the summary reports; the sampled training reward (at the run's temperature) is a different one."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_r, ax_c) = plt.subplots(1, 2, figsize=(10, 4))
-    for agent in agents:
+    fig, (ax_r, ax_c) = plt.subplots(1, 2, figsize=(11, 4.2))
+    t = f"T = {temperature:g}" if temperature is not None else "sampled"
+    for i, agent in enumerate(agents):
+        color = f"C{i}"
         history = histories.get(agent, [])
         points = [(e["step"], e["reward"]) for e in history if "reward" in e]
         if points:
-            ax_r.plot(*zip(*points, strict=True), label=agent)
+            ax_r.plot(*zip(*points, strict=True), "o-", ms=4, color=color, lw=1,
+                      label=f"{agent}: training reward ({t}, own completions)")  # fmt: skip
+        held_out = [(step, acc) for step, acc in (curves or {}).get(agent, []) if acc is not None]
+        if held_out:
+            ax_r.plot(*zip(*held_out, strict=True), "s--", ms=7, color=color, lw=2,
+                      label=f"{agent}: held-out accuracy (greedy)")  # fmt: skip
         caps = [(e["step"], e[f"hacpo/capability/{agent}"]) for e in history if f"hacpo/capability/{agent}" in e]
         if caps:
-            ax_c.plot(*zip(*caps, strict=True), label=agent)
-    ax_r.set(title="training reward (own completions)", xlabel="step", ylabel="mean reward")
-    ax_c.set(title="capability P̂ (window mean accuracy)", xlabel="step", ylabel="P̂")
+            ax_c.plot(*zip(*caps, strict=True), "o-", ms=4, color=color, label=agent)
+    ax_r.set(title="reward (sampled) and held-out accuracy (greedy)", xlabel="step", ylabel="reward / accuracy")
+    ax_c.set(title="capability P̂ (window mean training accuracy)", xlabel="step", ylabel="P̂")
+    ax_c.set_ylim(-0.02, 1.02)
+    top = max([1.0] + [y for line in ax_r.get_lines() for y in line.get_ydata()])
+    ax_r.set_ylim(-0.02, top + 0.02)  # one point alone would get an axis of +-0.005 around it
     for ax in (ax_r, ax_c):
-        ax.legend()
+        ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -129,37 +153,135 @@ def _filter_library_warnings(recipe: dict, argv: list[str]) -> None:
         warnings.filterwarnings("ignore", message=r"`gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
+_WORKFLOW = """usage: hacpo-train --config RECIPE [--key value ...]
+       hacpo-train --config RECIPE --plan [--accelerate_config FILE] [--gpu_memory_gib GIB]
+       accelerate launch --config_file accelerate_configs/cpu_2agents.yaml -m hacpo_trl.train --config RECIPE
+
+Train every agent of a HACPO recipe in one launch (one or more processes per agent).
+
+recipe workflow:
+  --config RECIPE          the YAML recipe (recipes/*.yaml); any key below, any GRPOConfig field, and `agents`
+  --key value              override a recipe key on the command line (`--max_steps 10`, `--learning_rate -1e-4`)
+  --plan                   check the launch on paper (memory per GPU, batch arithmetic), loading no weights
+  --accelerate_config FILE (with --plan) the accelerate config the run will be launched with; default: the
+                           recipe's `accelerate_config` key, else the launch environment
+  --gpu_memory_gib GIB     (with --plan) memory of one GPU (80 GB cards: 79.6)
+  --overwrite_output_dir   train into an output folder that already holds a run (refused otherwise)
+  --help-all               every field of TRL's GRPOConfig and transformers' TrainingArguments as well
+
+agents (recipe key): a list of {name, model_name_or_path (Hub id, local folder or builtin:<name>),
+  num_processes, learning_rate, lora, output_dir, ...}; see README "Recipes".
+"""
+
+
+def short_help() -> str:
+    """`hacpo-train --help`: the recipe workflow and HACPO's own options, read from the dataclasses' source without
+    importing trl (fast); `--help-all` adds TRL's ~1,300 lines of fields."""
+    import ast
+    import inspect
+
+    from . import recipe
+
+    lines = [_WORKFLOW, "task, data and reporting:"]
+    config = os.path.join(os.path.dirname(recipe.__file__), "config.py")
+    for source, cls in ((inspect.getsource(recipe), "HACPOScriptArguments"), (open(config).read(), "HACPOConfig")):
+        body = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls).body
+        if cls == "HACPOConfig":
+            lines += ["", "HACPO settings (the paper's defaults):"]
+        for node in body:
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Call)):
+                continue
+            kw = {k.arg: k.value for k in node.value.keywords}
+            meta = kw.get("metadata")
+            help_text = ""
+            if isinstance(meta, ast.Dict):
+                for k, v in zip(meta.keys, meta.values, strict=True):
+                    if isinstance(k, ast.Constant) and k.value == "help":
+                        help_text = ast.literal_eval(v)
+            default = ast.unparse(kw["default"]) if "default" in kw else ast.unparse(kw.get("default_factory", ""))
+            default = default.removeprefix("lambda: ")
+            lines.append(f"  --{node.target.id:<28} {help_text} (default: {default})")
+    return "\n".join(lines)
+
+
+def refuse(exc: Exception, prog: str = "hacpo-train", environ=os.environ) -> int:
+    """Print ``prog: error: <exc>`` exactly once per launch, however the ranks race; return exit status 2.
+
+    The checks before this are a deterministic function of the recipe and the launch, so every rank fails the
+    same way. Global rank 0 prints and exits; the launcher then stops every other rank. Any other rank first waits
+    (at most ``HACPO_ERROR_WAIT`` seconds, 60 by default) for that stop, so it can never exit first and have the
+    launcher kill rank 0 before it printed; if it is still alive after the wait, rank 0 did not fail this way,
+    and it prints the line itself.
+    """
+    if environ.get("RANK", "0") != "0":
+        import time
+
+        time.sleep(float(environ.get("HACPO_ERROR_WAIT", "60")))
+    print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+    return 2
+
+
+def _parse(parser, argv: list[str]):
+    """TrlParser's parse, with argparse's usage page (1,300 lines of fields) folded into one `RecipeError` line."""
+    import contextlib
+    import io
+
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            parsed = parser.parse_args_and_config(argv)
+    except SystemExit as exc:
+        if not exc.code:
+            raise
+        lines = [line for line in captured.getvalue().splitlines() if ": error: " in line]
+        raise RecipeError(lines[-1].split(": error: ", 1)[1] if lines else captured.getvalue().strip()) from None
+    sys.stderr.write(captured.getvalue())  # warnings of a good parse are the user's to see
+    return parsed
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--help-all" in argv:  # TRL's full field list (GRPOConfig and TrainingArguments: about 1,300 lines)
+        argv = ["--help" if a == "--help-all" else a for a in argv]
+    elif "-h" in argv or "--help" in argv:
+        print(short_help())
+        return 0
     if "--plan" in argv:  # check the launch on paper: no weights, no process group
         from .plan_cli import main as plan
 
         return plan(argv)
-    rank0 = os.environ.get("RANK", "0") == "0"
+    argv = numbers_as_values(argv)
     try:
         path = config_path(argv)
         if path is not None:
             world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+            launched = world if "RANK" in os.environ else None
             recipe = load_recipe(path)
+            try:
+                effective = load_recipe(path, argv)
+            except ValueError:  # not plain --key value flags: the argument parser below names the problem
+                effective = recipe
+            preflight(effective, num_processes=launched)  # every rank, before any ML library is imported
+            check_output_dir(effective)
             _place(recipe, world)  # before anything imports trl (and maybe CUDA)
-            check_recipe(recipe, num_processes=world if "RANK" in os.environ else None)
+            check_recipe(recipe, num_processes=launched)
             _filter_library_warnings(recipe, argv)
         from trl import TrlParser
 
         from .config import HACPOConfig
 
         parser = TrlParser((HACPOScriptArguments, HACPOConfig))
-        script_args, config = parser.parse_args_and_config(argv)
+        script_args, config = _parse(parser, argv)
         if not config.agents:
             raise RecipeError("recipe key 'agents' is missing: name at least one agent with its model_name_or_path")
-        check_trackers(config.report_to, warn=rank0)  # before any download or vLLM start-up
+        check_trackers(
+            config.report_to, warn=os.environ.get("RANK", "0") == "0"
+        )  # before any download or vLLM start-up
         from .rewards import get_reward_funcs
 
         reward_funcs = get_reward_funcs(script_args.reward_funcs)
     except (RecipeError, ValueError) as exc:
-        if rank0:
-            print(f"hacpo-train: error: {exc}", file=sys.stderr)
-        return 2
+        return refuse(exc)
     return _run(script_args, config, reward_funcs)
 
 
@@ -244,7 +366,13 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
             print(f"  {agent}: {info['output_dir']}{change}")
         if script_args.plot:
             png = os.path.join(root, "hacpo_curves.png")
-            _plot({r[0]: r[4] for r in reports}, [r[0] for r in reports], png)
+            _plot(
+                {r[0]: r[4] for r in reports},
+                [r[0] for r in reports],
+                png,
+                {r[0]: r[6] for r in reports},
+                config.temperature,
+            )
             print(f"  curves: {png}")
         print(f"  summary: {os.path.join(root, 'hacpo_summary.json')}", flush=True)
     if shutdown:

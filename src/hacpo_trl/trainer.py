@@ -41,6 +41,7 @@ from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
 from . import checkpoints, metrics, padding
 from .algorithm import CapabilityTracker, open_peers, peer_fade_weight
+from .cache import builtin_name
 from .config import HACPOConfig
 from .exchange import (
     PROMPT_ID_COLUMN,
@@ -58,7 +59,7 @@ from .loading import (
     moe_loss_message,
     resolve_agent,
 )
-from .model_card import PAPER, append_card_section, hacpo_card_section, hub_base_model
+from .model_card import PAPER, append_card_section, hacpo_card_section, hub_base_model, name_card
 from .peer_loss import batch_row_flags, current_update, gradient_rows, rows_loss, score_peer_rows, self_on_policy
 from .peer_rows import add_self_columns, append_peer_rows, build_peer_rows, order_rows, own_rewards, self_prompt_tokens
 from .retokenize import completion_text
@@ -506,10 +507,18 @@ class HACPOTrainer(GRPOTrainer):
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, **kwargs):
         """TRL's card, plus what a HACPO agent needs to be understood: its peers, the recipe and final metrics."""
         with hub_base_model(self.model, self._base_model):  # a built-in copy of a Hub model: named as such
-            super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+            super().create_model_card(model_name=model_name or self.agent, dataset_name=dataset_name, tags=tags)
         if self.is_world_process_zero():
+            # as the user wrote it: the recipe's name, else `builtin:<name>` for a cache folder, else the path given
+            label = self.args.agent_spec.model_name_or_path or builtin_name(self._base_model) or self._base_model
+            card = os.path.join(self.args.output_dir, "README.md")
+            if os.path.isfile(card):  # TRL's template leaves base model and repository as `None` for local models
+                with open(card) as f:
+                    text = name_card(f.read(), self.agent, label, self.hub_model_id or self.args.output_dir)
+                with open(card, "w") as f:
+                    f.write(text)
             section = hacpo_card_section(
-                self.args, self.agent, self._base_model, self.state.log_history, self.state.global_step
+                self.args, self.agent, self._base_model, self.state.log_history, self.state.global_step, label
             )
             append_card_section(self.args.output_dir, section)
 

@@ -1,0 +1,41 @@
+"""`hacpo-eval` on the agents `hacpo-train` saved: it evaluates the task they were trained on, the way the run did,
+and reports the run's own held-out accuracy; a built-in task they were not trained on is refused."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import accelerate_launch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_eval_reproduces_the_runs_held_out_accuracy_and_refuses_the_other_task(tmp_path):
+    out = tmp_path / "demo"
+    run = accelerate_launch(
+        2, "-m", "hacpo_trl.train", "--config", str(ROOT / "recipes" / "tiny_size.yaml"),
+        "--output_dir", str(out), "--max_steps", "1", "--eval_samples", "24", "--plot", "false", timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    summary = json.loads((out / "hacpo_summary.json").read_text())
+    agents = sorted(summary)
+    assert agents == ["trace-large", "trace-small"]
+    record = json.loads((out / "trace-small" / "hacpo_task.json").read_text())
+    assert record["task"] == "arithmetic_trace" and record["eval_samples"] == 24
+
+    # the README's command, after the demo: no --benchmark, so each agent's own task and held-out problems
+    cmd = [sys.executable, "-m", "hacpo_trl.evaluate", *[a for n in agents for a in ("--model", str(out / n))]]
+    proc = subprocess.run([*cmd, "--output_dir", str(tmp_path / "eval")], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "trained on 'arithmetic_trace'" in proc.stdout
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())
+    for name in agents:
+        got = results[name]["arithmetic_trace"]
+        assert got["n"] == 24
+        # same agents, same problems, greedy, same batching: the run's number (to the printed 3 decimals)
+        assert round(got["avg@k"], 3) == round(summary[name]["accuracy_after"], 3), (name, got, summary[name])
+
+    wrong = subprocess.run([*cmd, "--benchmark", "arithmetic"], capture_output=True, text=True, timeout=300)
+    assert wrong.returncode == 2
+    assert "was trained on 'arithmetic_trace', not 'arithmetic'" in wrong.stderr
