@@ -18,6 +18,25 @@ import pytest  # noqa: E402
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
+# Every time bound in the suite is a guard against hangs, never a measure of speed: on a machine whose cores are busy
+# with other work a launch takes several times longer, so each bound is multiplied by this (the pytest-timeout of
+# every test, and the launches' subprocess bounds).
+HANG_GUARD_SCALE = float(os.environ.get("HACPO_TEST_HANG_GUARD_SCALE", "3"))
+
+
+def hang_guard(seconds: float) -> float:
+    return seconds * HANG_GUARD_SCALE
+
+
+def pytest_collection_modifyitems(config, items):
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        seconds = float(mark.args[0]) if mark is not None and mark.args else default
+        if seconds > 0:
+            item.add_marker(pytest.mark.timeout(hang_guard(seconds)), append=False)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -35,7 +54,7 @@ def accelerate_launch(num_processes: int, script: str, *args: str, timeout: floa
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
         *([str(SCRIPTS / script)] if script.endswith(".py") else [script]), *args,
     ]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=hang_guard(timeout))
 
 
 def summaries(out: Path) -> list[dict]:

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+from conftest import hang_guard
+
 # A single-agent HACPOTrainer in vLLM server mode whose generation backend is a stand-in holding TRL's real
 # `VLLMClient`, with a weight-transfer group shaped like vLLM's (a store and a socket to the server): TRL's own
 # `close_communicator` drops them, which the group reports by writing a file.
@@ -54,6 +56,6 @@ exit_process(0)
 def test_hard_exit_closes_the_vllm_communicator(tmp_path):
     marker = tmp_path / "closed"
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(marker), str(tmp_path / "out")], capture_output=True,
-                          text=True, timeout=180)  # fmt: skip
+                          text=True, timeout=hang_guard(180))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert marker.read_text() == "closed"

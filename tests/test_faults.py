@@ -18,8 +18,9 @@ def test_an_agent_that_raises_stops_every_process_with_its_name(tmp_path, launch
                   timeout=180, expect_ok=False)  # fmt: skip
     assert proc.returncode != 0
     assert f"hacpo: {QWEN} failed: RuntimeError: reward exploded" in proc.stderr
-    # the other agent names the failing one (through its error, or when the launcher stops it)
-    assert f"hacpo: {LLAMA}" in proc.stderr and f"Cause: {QWEN} failed: RuntimeError: reward exploded" in proc.stderr
+    # the other agent names the failing one, whatever the load: the failing process leaves only once every other live
+    # process has printed its failure (its exit is what makes the launcher stop them)
+    assert f"hacpo: {LLAMA} is stopping. Cause: {QWEN} failed: RuntimeError: reward exploded" in proc.stderr
     assert not list(tmp_path.glob("summary-*.json"))
 
 
@@ -33,13 +34,15 @@ def test_a_stuck_agent_makes_the_others_fail_after_the_exchange_timeout(tmp_path
 
 def test_until_the_first_step_is_done_the_longer_start_up_bound_applies(tmp_path, launch):
     """The first exchange of rollouts also waits for downloads and vLLM start-up: a hang there is reported after
-    `exchange_startup_timeout`, not `exchange_timeout` (the test above: a hang later uses `exchange_timeout`)."""
+    `exchange_startup_timeout`, not `exchange_timeout` (the test above: a hang later uses `exchange_timeout`). The
+    start-up bound also covers the processes' start-up (joining the exchange group, the first exchanges), so it is
+    long enough for a loaded machine."""
     proc = launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "4", "--hang_reward", "1",
-                  "--hang_at_call", "1", "--exchange_timeout", "2", "--exchange_startup_timeout", "10",
+                  "--hang_at_call", "1", "--exchange_timeout", "2", "--exchange_startup_timeout", "40",
                   timeout=180, expect_ok=False)  # fmt: skip
     assert proc.returncode != 0
     assert f"hacpo: {LLAMA} failed: ExchangeError" in proc.stderr and "rollouts of step 0" in proc.stderr
-    assert f"{QWEN} never reached this exchange" in proc.stderr and "exchange_startup_timeout=10s" in proc.stderr
+    assert f"{QWEN} never reached this exchange" in proc.stderr and "exchange_startup_timeout=40s" in proc.stderr
 
 
 def test_killed_run_and_truncated_checkpoint_resume_to_the_same_result(two_agents, tmp_path, launch):

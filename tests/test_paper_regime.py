@@ -2,6 +2,7 @@
 reasoning-trace task, the peer-row layout and the peer-ratio statistics."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -102,6 +103,18 @@ def test_warm_start_that_reaches_its_step_cap_outside_its_band_fails(monkeypatch
     monkeypatch.setattr(_ScriptedRun, "curve", staticmethod(lambda steps: 0.05))
     with pytest.raises(RuntimeError, match=r"'a': the warm-start reached the cap of 95 steps .* after 95 steps"):
         demo._warm_start(None, None, [("a", _stage((0.2, 0.3), max_steps=95))])
+
+
+def test_a_killed_build_leaves_nothing_behind_for_the_next_one(tmp_path):
+    """A build writes to ``<folder>.tmp-PID-...`` and renames it when complete; a killed build's leftover (its process
+    gone) is removed by the next build of that agent, a live build's is left alone."""
+    folder = tmp_path / "tiny-qwen2-0123456789"
+    dead, live = tmp_path / f"{folder.name}.tmp-999999999-1", tmp_path / f"{folder.name}.tmp-{os.getpid()}-2"
+    for tmp in (dead, live):
+        tmp.mkdir()
+        (tmp / "config.json").write_text("{}")
+    demo._remove_stale_builds(str(folder))
+    assert not dead.exists() and live.is_dir()
 
 
 def test_pairs_name_builtin_agents_of_the_three_kinds():

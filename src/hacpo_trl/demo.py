@@ -8,13 +8,15 @@ Short-answer task (``arithmetic``), kept for tests and comparison:
 Reasoning-trace task (``arithmetic_trace``), one pair per kind of heterogeneity in the paper (see ``PAIRS``):
 
 * *state* (same architecture and tokenizer, different amounts of warm-start, like Qwen3-4B vs -4B-Instruct):
-  ``trace-base`` and ``trace-instruct``, the same model warm-started for fewer or more steps;
+  ``trace-base`` and ``trace-instruct``, the same model warm-started to a lower band, then on to a higher one;
 * *size* (same tokenizer, different depth and width, like Qwen3-1.7B vs 4B): ``trace-small`` and ``trace-large``;
 * *model* (different architecture and tokenizer, like Qwen3 vs Llama-3.2): ``trace-llama`` (character tokenizer)
   and ``trace-qwen2`` (byte-level BPE).
 
 Every agent is warm-started with a short supervised run on its task's ``warmup`` split (never the RL ``train`` or
-the held-out ``test`` split), so that each solves part of the task and RL has something to improve. The warm-start
+the held-out ``test`` split), until its accuracy on validation problems lies in a stated band (``BUILTIN_AGENTS``),
+so that each solves part of the task, RL has something to improve, and every machine builds agents of the same
+strength; ``hacpo_build.json`` in the agent's folder records the steps and accuracy. The warm-start
 uses exactly the tokenizer that ``AutoTokenizer.from_pretrained(folder)`` returns for the saved agent: the trainer
 and ``hacpo-eval`` load it that way, and under transformers 5 a Qwen2 folder loads as ``Qwen2Tokenizer``, which
 splits digits differently from the in-memory tokenizer it was built from.

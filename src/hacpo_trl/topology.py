@@ -41,6 +41,7 @@ from .placement import agent_slot, cuda_initialised_before_placement, place_proc
 __all__ = ["AgentTopology", "at_exit", "current_topology", "exit_process", "init_agent_worlds"]
 
 _TOPOLOGY: AgentTopology | None = None
+ANNOUNCE_SECONDS = 60.0  # how long a failing process waits for the others to print its failure (see below)
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,33 @@ class AgentTopology:
             return
         try:
             self.store.set(f"failed/{self.global_rank}", f"{self.describe_rank(self.global_rank)} failed: {message}")
+            self.store.add("failures", 1)  # what the other processes' watchers poll
         except Exception:  # noqa: BLE001 - nothing more can be done while failing
             pass
+
+    def wait_until_announced(self, wait_seconds: float = ANNOUNCE_SECONDS) -> None:
+        """After :meth:`report_failure`: wait (at most ``wait_seconds``) until every other process that has not
+        failed itself has printed this failure. This process's exit is what makes the launcher stop the others, so
+        leaving first would race their message (the launcher may stop them before they print it)."""
+        if self.store is None:
+            return
+        import time
+
+        others = [r for r in range(self.global_world_size) if r != self.global_rank]
+        deadline = time.monotonic() + wait_seconds
+        try:
+            while time.monotonic() < deadline:
+                waiting = [
+                    r
+                    for r in others
+                    if not self.store.check([f"announced/{self.global_rank}/{r}"])
+                    and not self.store.check([f"failed/{r}"])
+                ]
+                if not waiting:
+                    return
+                time.sleep(0.1)
+        except Exception:  # noqa: BLE001 - the store went away with the launcher: nobody is left to wait for
+            return
 
     def reported_failures(self, wait_seconds: float = 3.0) -> list[str]:
         """Failures other processes reported, waiting up to ``wait_seconds`` for a first one to arrive."""
@@ -150,7 +176,8 @@ def _env_int(name: str, default: int) -> int:
     return default if value in (None, "") else int(value)
 
 
-def _launcher_store(global_rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
+def _launcher_store(global_rank: int, world_size: int, timeout: datetime.timedelta, client: bool = False) -> dist.Store:
+    """The launcher's store under this launch's prefix; ``client=True``: always a new client connection to it."""
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port_text = os.environ.get("MASTER_PORT")
     if not port_text:
@@ -164,7 +191,8 @@ def _launcher_store(global_rank: int, world_size: int, timeout: datetime.timedel
         store = dist.TCPStore(addr, port, world_size, is_master=False, timeout=timeout)
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         return dist.PrefixStore(f"/hacpo/attempt_{attempt}", store)
-    store = dist.TCPStore(addr, port, world_size, is_master=global_rank == 0, timeout=timeout, wait_for_workers=False)
+    master = global_rank == 0 and not client
+    store = dist.TCPStore(addr, port, world_size, is_master=master, timeout=timeout, wait_for_workers=False)
     return dist.PrefixStore("/hacpo", store)
 
 
@@ -351,8 +379,39 @@ def init_agent_worlds(
         startup_timeout_seconds=startup,
         device=_device_identity(placement.local_rank) if cuda else None,
     )
+    _watch_failures(_TOPOLOGY, _launcher_store(global_rank, world_size, datetime.timedelta(seconds=60), client=True))
     check_distinct_devices(_TOPOLOGY)
     return _TOPOLOGY
+
+
+def _watch_failures(topology: AgentTopology, store: dist.Store, poll_seconds: float = 0.5) -> None:
+    """A daemon thread that prints every failure another process reports, as soon as it is reported, and
+    acknowledges it (the failing process waits for that, :meth:`AgentTopology.wait_until_announced`). It has its own
+    store connection, and runs while the main thread is busy or blocked in a collective (which releases the GIL)."""
+    import threading
+    import time
+
+    me = topology.describe_rank(topology.global_rank)
+
+    def watch():
+        seen, count = set(), 0
+        while True:
+            try:
+                total = store.add("failures", 0)
+                if total > count:
+                    for r in range(topology.global_world_size):
+                        if r in seen or r == topology.global_rank or not store.check([f"failed/{r}"]):
+                            continue
+                        seen.add(r)
+                        cause = store.get(f"failed/{r}").decode(errors="replace")
+                        print(f"hacpo: {me} is stopping. Cause: {cause}", file=sys.stderr, flush=True)
+                        store.set(f"announced/{r}/{topology.global_rank}", "1")
+                    count = total
+            except Exception:  # noqa: BLE001 - the store is gone: the launch is ending
+                return
+            time.sleep(poll_seconds)
+
+    threading.Thread(target=watch, name="hacpo-failure-watch", daemon=True).start()
 
 
 def _report_uncaught_exceptions() -> None:
@@ -369,6 +428,7 @@ def _report_uncaught_exceptions() -> None:
             _TOPOLOGY.report_failure(f"{kind.__name__}: {value}")
             me = _TOPOLOGY.describe_rank(_TOPOLOGY.global_rank)
             print(f"hacpo: {me} failed: {kind.__name__}: {value}", file=sys.stderr, flush=True)
+            _TOPOLOGY.wait_until_announced()
         previous(kind, value, traceback)
 
     def on_terminate(signum, frame):
