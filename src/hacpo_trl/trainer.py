@@ -366,6 +366,7 @@ class HACPOTrainer(GRPOTrainer):
         rows = build_peer_rows(
             prompt_ids, rewards, records, self.agent, learners_view, caps, self.args, tokenizer, self._peer_weight()
         )
+        self._last_peer_rows = (records, rows)  # what `hacpo-probe` reports on
         prompt_tokens = self_prompt_tokens(prompt_ids, batch["prompt_ids"], batch["prompt_mask"])
         pad_id = self._tokenizer.pad_token_id
         batch = append_peer_rows(batch, rows, prompt_tokens, prompt_ids, self.args.steps_per_generation, pad_id)
