@@ -70,10 +70,11 @@ class ProbeArguments:
 def _split(ratios: torch.Tensor, lower_bound: float) -> dict:
     n = int(ratios.numel())
     if n == 0:
-        return {"rows": 0, "below": None, "in_band": None, "above": None}
+        return {"rows": 0, "median": None, "below": None, "in_band": None, "above": None}
     below, above = ratios < lower_bound, ratios > 1.0
     return {
         "rows": n,
+        "median": float(torch.quantile(ratios, 0.5)),
         "below": float(below.double().mean()),
         "in_band": float((~below & ~above).double().mean()),
         "above": float(above.double().mean()),
