@@ -68,6 +68,11 @@ def test_flags_are_sentences_with_their_numbers():
         "small: own accuracy 100% on the sample of 16 completions: its groups have no reward spread, so it gets no "
         "learning signal from its own rows.",
     ]
+    with_options = {**_report([wrong], {}), "sharing_options": ["learn_from", "capability_gate"]}
+    assert flags(with_options)[0].endswith(
+        "`peer_filter: correct` trains only on correct peer rows (`learn_from`, `capability_gate` also limit what a "
+        "learner takes from its peers)."
+    )
     report = _report([fine], {"small": agents["big"]})
     report["flags"] = flags(report)
     text = render(report)
@@ -97,12 +102,25 @@ def _env():
     return {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
-def test_probe_ratio_is_the_trainers_logged_ratio_for_the_same_row(launch, tmp_path):
+@pytest.fixture(scope="module")
+def size_pair(tmp_path_factory):
+    """The probe on the size pair (4 prompts), then each trainer's own loss on the probe's generation batch."""
+    from conftest import accelerate_launch
+
+    out = tmp_path_factory.mktemp("probe_size")
+    proc = accelerate_launch(
+        2, "probe_vs_trainer.py", str(out), "--config", str(ROOT / "recipes" / "tiny_size.yaml"), "--prompts", "4",
+        "--output", str(out / "probe.json"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return out, proc.stdout
+
+
+def test_probe_ratio_is_the_trainers_logged_ratio_for_the_same_row(size_pair):
     """The probe scores each peer row with the trainer's code: the ratio it reports for a fixed completion (the
     same generation batch) equals the ratio the trainer logs for that row in its first update."""
-    launch(2, "probe_vs_trainer.py", str(tmp_path), "--config", str(ROOT / "recipes" / "tiny_size.yaml"),
-           "--prompts", "2")  # fmt: skip
-    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("ratios-*.json"))]
+    out, _ = size_pair
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("ratios-*.json"))]
     assert sorted(r["agent"] for r in results) == ["trace-large", "trace-small"]
     inside = outside = 0
     for r in results:
@@ -114,14 +132,10 @@ def test_probe_ratio_is_the_trainers_logged_ratio_for_the_same_row(launch, tmp_p
     assert inside and outside  # both of the trainer's paths: rows in the gradient pass and rows left out of it
 
 
-def test_probe_on_the_size_pair_prints_the_table_and_writes_every_field(tmp_path):
-    out = tmp_path / "probe.json"
-    cmd = [sys.executable, "-m", "hacpo_trl.probe", "--config", str(ROOT / "recipes" / "tiny_size.yaml"),
-           "--prompts", "4", "--output", str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "| trace-large <- trace-small | 32 |" in proc.stdout and "| trace-small <- trace-large | 32 |" in proc.stdout
-    report = json.loads(out.read_text())
+def test_probe_on_the_size_pair_prints_the_table_and_writes_every_field(size_pair):
+    out, stdout = size_pair
+    assert "| trace-large <- trace-small | 32 |" in stdout and "| trace-small <- trace-large | 32 |" in stdout
+    report = json.loads((out / "probe.json").read_text())
     assert report["band"] == [0.8, 1.0] and report["prompts"] == 4 and report["num_generations"] == 8
     assert report["backend"] == "transformers generate"
     assert set(report["agents"]) == {"trace-large", "trace-small"}
@@ -141,7 +155,7 @@ def test_probe_on_the_size_pair_prints_the_table_and_writes_every_field(tmp_path
         acc = report["agents"]
         expected = acc[p["generator"]]["accuracy"] / acc[p["learner"]]["accuracy"]
         assert p["omega"] == pytest.approx(min(max(expected, 0.1), 10.0))
-    assert all(f in proc.stdout for f in report["flags"])
+    assert all(f in stdout for f in report["flags"])
 
 
 def test_probe_flags_smollm2_and_tiny_llama_as_too_far_apart(tmp_path):
@@ -155,13 +169,13 @@ def test_probe_flags_smollm2_and_tiny_llama_as_too_far_apart(tmp_path):
     }  # fmt: skip
     (tmp_path / "pair.yaml").write_text(yaml.safe_dump(recipe))
     out = tmp_path / "probe.json"
-    cmd = [sys.executable, "-m", "hacpo_trl.probe", "--config", str(tmp_path / "pair.yaml"), "--prompts", "4",
+    cmd = [sys.executable, "-m", "hacpo_trl.probe", "--config", str(tmp_path / "pair.yaml"), "--prompts", "2",
            "--output", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(out.read_text())
     smol = next(p for p in report["pairs"] if p["learner"] == "smollm2")
-    assert smol["rows"] == 16 and smol["all"]["in_band"] == 0 and smol["ratio"]["median"] < 0.1
+    assert smol["rows"] == 8 and smol["all"]["in_band"] == 0 and smol["ratio"]["median"] < 0.1
     assert any(f.startswith("smollm2 <- tiny-llama: no peer row in the band [0.80, 1]") for f in report["flags"])
     assert "smollm2 <- tiny-llama: no peer row in the band" in proc.stdout
     assert not (tmp_path / "never_written").exists()  # the probe trains and saves nothing
@@ -177,3 +191,11 @@ def test_probe_refuses_a_recipe_with_one_agent(tmp_path):
     assert proc.stderr.strip().endswith(
         "hacpo-probe: error: hacpo-probe needs a recipe with at least two agents: it measures what they share"
     )
+
+
+def test_probe_help_names_its_own_flags():
+    proc = subprocess.run(
+        [sys.executable, "-m", "hacpo_trl.probe", "--help"], capture_output=True, text=True, env=_env(), timeout=120
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: hacpo-probe")
+    assert "--prompts PROMPTS" in proc.stdout and "--output OUTPUT" in proc.stdout

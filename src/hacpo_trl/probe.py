@@ -44,11 +44,14 @@ __all__ = [
     "pair_stats",
     "probe_batch",
     "render",
+    "run",
     "score_peer_rows_of_batch",
 ]
 
 # An agent counts as cutting its completions when more than this share hit max_completion_length without stopping.
 TRUNCATION_FLAG = 0.1
+# Per-learner sharing settings a red flag names when the installed HACPOConfig has them.
+SHARING_OPTIONS = ("learn_from", "capability_gate", "peer_fade_steps")
 
 
 @dataclass
@@ -136,7 +139,7 @@ def flags(report: dict) -> list[str]:
             out.append(
                 f"{pair}: {wrong:.0%} of the {p['would_train']} peer rows that would train are wrong answers, so "
                 f"{p['learner']} would train mostly on wrong peer rows (each pushed down); `peer_filter: correct` "
-                "trains only on correct peer rows."
+                f"trains only on correct peer rows{_other_options(report)}."
             )
     for agent, a in report["agents"].items():
         if a["truncation_rate"] is not None and a["truncation_rate"] > TRUNCATION_FLAG:
@@ -150,6 +153,12 @@ def flags(report: dict) -> list[str]:
                 "groups have no reward spread, so it gets no learning signal from its own rows."
             )
     return out
+
+
+def _other_options(report: dict) -> str:
+    """The other settings that limit what a learner takes from its peers, where this version has them."""
+    names = [f"`{n}`" for n in report.get("sharing_options", [])]
+    return f" ({', '.join(names)} also limit what a learner takes from its peers)" if names else ""
 
 
 def _fmt(x, spec=".2f") -> str:
@@ -309,8 +318,9 @@ def build_trainer(argv: list[str]):
     return trainer, probe_args
 
 
-def _run(argv: list[str]) -> int:
-    trainer, probe_args = build_trainer(argv)
+def run(trainer, probe_args: ProbeArguments) -> dict | None:
+    """Probe with this process's ``trainer`` (every process of the launch calls it); global rank 0 prints the
+    table, writes ``probe_args.output`` and returns the report (None elsewhere)."""
     config, global_rank = trainer.args, trainer.topology.global_rank
     acc = trainer.accelerator
     prompts = _my_prompts(trainer.train_dataset, probe_args.prompts, acc.process_index, acc.num_processes)
@@ -322,13 +332,20 @@ def _run(argv: list[str]) -> int:
         "omega": {a: trainer.capability.omega(a, trainer.agent, low, high) for a in trainer.agent_names},
     }
     everyone = trainer.exchange.all_gather(mine, what="probe results")
-    if global_rank == 0:
-        report = _report(trainer, everyone, records, probe_args)
-        print(render(report), flush=True)
-        if probe_args.output:
-            with open(probe_args.output, "w") as f:
-                json.dump(report, f, indent=2)
-            print(f"\nreport: {probe_args.output}", flush=True)
+    if global_rank != 0:
+        return None
+    report = _report(trainer, everyone, records, probe_args)
+    print(render(report), flush=True)
+    if probe_args.output:
+        with open(probe_args.output, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"\nreport: {probe_args.output}", flush=True)
+    return report
+
+
+def _run(argv: list[str]) -> int:
+    trainer, probe_args = build_trainer(argv)
+    run(trainer, probe_args)
     trainer.topology.shutdown()
     return 0
 
@@ -356,6 +373,7 @@ def _report(trainer, everyone: list[dict], records, probe_args) -> dict:
         "max_completion_length": trainer.args.max_completion_length,
         "backend": generation_backend(trainer.args),
         "peer_filter": trainer.args.peer_filter,
+        "sharing_options": [n for n in SHARING_OPTIONS if hasattr(trainer.args, n)],
         "band": [lb, 1.0],
         "agents": agent_stats(records, names),
         "pairs": pairs,
@@ -394,12 +412,32 @@ def _launch(argv: list[str]) -> int:
     return subprocess.run(cmd).returncode
 
 
+def _help() -> None:
+    import argparse
+
+    from trl import TrlParser
+
+    from .config import HACPOConfig
+    from .train import HACPOScriptArguments
+
+    parser = TrlParser(
+        (ProbeArguments, HACPOScriptArguments, HACPOConfig),
+        prog="hacpo-probe",
+        description=__doc__.split("\n\n")[0] + " Recipe keys and flags are hacpo-train's.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.print_help()
+
+
 def main(argv: list[str] | None = None) -> int:
     from .train import RecipeError
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        _help()
+        return 0
     try:
-        if "RANK" not in os.environ and not any(a in ("-h", "--help") for a in argv):
+        if "RANK" not in os.environ:
             return _launch(argv)
         return _run(argv)
     except (RecipeError, ValueError) as exc:

@@ -1,8 +1,10 @@
-"""One probe batch per agent, then the trainer's own loss on that batch: the per-row peer ratios of both.
+"""The probe on a recipe, then the trainer's own loss on the probe's generation batch: the per-row peer ratios of
+both.
 
     accelerate launch --multi_gpu --num_processes 2 tests/scripts/probe_vs_trainer.py OUT --config RECIPE ...
 
-Each process writes OUT/ratios-<global rank>.json: the probe's ratio of every valid peer row and the ratios the
+Runs `hacpo_trl.probe.run` as `hacpo-probe` does (global rank 0 prints the table and writes ``--output``), then
+each process writes OUT/ratios-<global rank>.json: the probe's ratio of every valid peer row and the ratios the
 trainer logs for the same rows (`HACPOTrainer._collect_peer_ratios`, in batch order) in its first update (m = 0).
 """
 
@@ -10,14 +12,16 @@ import json
 import os
 import sys
 
-from hacpo_trl.probe import _my_prompts, build_trainer, probe_batch
+from hacpo_trl import probe
 from hacpo_trl.topology import exit_process
 
 out, argv = sys.argv[1], sys.argv[2:]
-trainer, probe_args = build_trainer(argv)
-acc = trainer.accelerator
-prompts = _my_prompts(trainer.train_dataset, probe_args.prompts, acc.process_index, acc.num_processes)
-batch, records, rows, ratios = probe_batch(trainer, prompts)
+trainer, probe_args = probe.build_trainer(argv)
+captured = []
+probe_batch = probe.probe_batch
+probe.probe_batch = lambda *a: captured.append(probe_batch(*a)) or captured[-1]
+probe.run(trainer, probe_args)
+batch, records, rows, ratios = captured[0]
 n_self = int((~batch["hacpo_is_peer"]).sum())
 valid = batch["hacpo_valid"][n_self : n_self + len(rows)].tolist()
 
