@@ -73,6 +73,10 @@ def test_flags_are_sentences_with_their_numbers():
         "`peer_filter: correct` trains only on correct peer rows (`learn_from`, `capability_gate` also limit what a "
         "learner takes from its peers)."
     )
+    closed = {**fine, "learner": "big", "generator": "small", "learns_from": False}
+    assert "| big <- small (does not learn from it: learn_from / capability_gate) | 4 |" in render(
+        {**_report([closed], {}), "flags": []}
+    )
     report = _report([fine], {"small": agents["big"]})
     report["flags"] = flags(report)
     text = render(report)
@@ -150,7 +154,7 @@ def test_probe_on_the_size_pair_prints_the_table_and_writes_every_field(size_pai
         assert p["ratio"]["q1"] <= p["ratio"]["median"] <= p["ratio"]["q3"]
         assert sum(p["all"][k] for k in ("below", "in_band", "above")) == pytest.approx(1)
         assert p["correct"]["rows"] + p["wrong"]["rows"] == 32
-        assert set(p) >= {"would_train", "wrong_share_of_would_train", "omega"}
+        assert set(p) >= {"would_train", "wrong_share_of_would_train", "omega"} and p["learns_from"] is True
         # ω = clamp(P_generator / P_learner) from the sampled accuracies
         acc = report["agents"]
         expected = acc[p["generator"]]["accuracy"] / acc[p["learner"]]["accuracy"]

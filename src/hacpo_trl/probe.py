@@ -185,8 +185,9 @@ def render(report: dict) -> str:
     for p in report["pairs"]:
         r = p["ratio"]
         ratio = "-" if r["median"] is None else f"{r['median']:.3g} [{r['q1']:.3g}, {r['q3']:.3g}]"
+        closed = "" if p.get("learns_from", True) else " (does not learn from it: learn_from / capability_gate)"
         lines.append(
-            f"| {p['learner']} <- {p['generator']} | {p['rows']} | {ratio} | {_shares(p['all'])} | "
+            f"| {p['learner']} <- {p['generator']}{closed} | {p['rows']} | {ratio} | {_shares(p['all'])} | "
             f"{p['correct']['rows']}: {_shares(p['correct'])} | {p['wrong']['rows']}: {_shares(p['wrong'])} | "
             f"{p['would_train']} | {_fmt(p['wrong_share_of_would_train'])} | {p['omega']:.2f} |"
         )
@@ -268,12 +269,15 @@ def score_peer_rows_of_batch(trainer, batch: dict, n_self: int, n_peer: int) -> 
 def probe_batch(trainer, prompts: list[dict]) -> tuple[dict, list, object, torch.Tensor]:
     """The trainer's first generation batch on ``prompts`` (each ``num_generations`` times) and its peer rows'
     ratios: ``(batch, records, peer_rows, ratios)``. Every process of the launch must call it (an exchange)."""
+    from .peer_rows import PeerRows
+
     inputs = [row for row in prompts for _ in range(trainer.num_generations)]
     trainer.model.train()  # as in training: the generation batch is built in train mode
+    trainer._last_peer_rows = None
     batch = trainer._generate_and_score_completions(inputs)
-    n_self = batch.pop("hacpo_num_self")
-    records, rows = trainer._last_peer_rows
-    return batch, records, rows, score_peer_rows_of_batch(trainer, batch, n_self, len(rows))
+    n_self = batch.pop("hacpo_num_self", len(inputs))
+    rows = trainer._last_peer_rows or PeerRows()  # None: the learner learns from no peer (learn_from, gate)
+    return batch, trainer._last_records, rows, score_peer_rows_of_batch(trainer, batch, n_self, len(rows))
 
 
 def _my_rows(trainer, batch, rows, ratios) -> dict:
@@ -328,6 +332,7 @@ def run(trainer, probe_args: ProbeArguments) -> dict | None:
     low, high = config.capability_ratio_min, config.capability_ratio_max
     mine = {
         "learner": trainer.agent,
+        "learns_from": trainer._open_peers("train"),
         "rows": _my_rows(trainer, batch, rows, ratios),
         "omega": {a: trainer.capability.omega(a, trainer.agent, low, high) for a in trainer.agent_names},
     }
@@ -366,7 +371,8 @@ def _report(trainer, everyone: list[dict], records, probe_args) -> dict:
             stats = pair_stats(
                 [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], lb, parts[0]["omega"][generator]
             )
-            pairs.append({"learner": learner, "generator": generator, **stats})
+            learns = generator in parts[0]["learns_from"]
+            pairs.append({"learner": learner, "generator": generator, "learns_from": learns, **stats})
     report = {
         "prompts": min(probe_args.prompts, len(trainer.train_dataset)),
         "num_generations": trainer.num_generations,
