@@ -114,7 +114,7 @@ def size_pair(tmp_path_factory):
     out = tmp_path_factory.mktemp("probe_size")
     proc = accelerate_launch(
         2, "probe_vs_trainer.py", str(out), "--config", str(ROOT / "recipes" / "tiny_size.yaml"), "--prompts", "4",
-        "--output", str(out / "probe.json"),
+        "--output", str(out / "probe.json"), timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-6000:]
     return out, proc.stdout
