@@ -212,22 +212,14 @@ def generation_backend(config) -> str:
 
 def _recipe(argv: list[str]):
     """The recipe as training reads it: (script arguments, HACPOConfig, probe arguments, reward functions)."""
-    # Recipe loading and checks live in train.py for now; this is the one place to switch to the recipe module.
     from trl import TrlParser
 
     from .config import HACPOConfig
+    from .recipe import HACPOScriptArguments, RecipeError, check_recipe, config_path, load_recipe
     from .rewards import get_reward_funcs
-    from .train import (
-        HACPOScriptArguments,
-        RecipeError,
-        _config_path,
-        _filter_library_warnings,
-        _place,
-        check_recipe,
-        load_recipe,
-    )
+    from .train import _filter_library_warnings, _place  # as training sets up each process
 
-    path = _config_path(argv)
+    path = config_path(argv)
     if path is None:
         raise RecipeError("hacpo-probe needs --config RECIPE")
     recipe = load_recipe(path)
@@ -314,7 +306,7 @@ def build_trainer(argv: list[str]):
             resolve_model(config.agent_spec.model_name_or_path)  # one process per agent builds it
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # this agent's world only
-    from .train import _dataset
+    from .train import _dataset  # training's prompts
 
     train, _ = _dataset(script_args)
     model = resolve_model(config.agent_spec.model_name_or_path)
@@ -400,9 +392,9 @@ def _free_port() -> int:
 def _launch(argv: list[str]) -> int:
     """Run bare: start the launch training would use, one process per agent process of the recipe."""
     from .placement import process_counts
-    from .train import RecipeError, _config_path, check_recipe, load_recipe
+    from .recipe import RecipeError, check_recipe, config_path, load_recipe
 
-    path = _config_path(argv)
+    path = config_path(argv)
     if path is None:
         raise RecipeError("hacpo-probe needs --config RECIPE")
     recipe = load_recipe(path)
@@ -424,7 +416,7 @@ def _help() -> None:
     from trl import TrlParser
 
     from .config import HACPOConfig
-    from .train import HACPOScriptArguments
+    from .recipe import HACPOScriptArguments
 
     parser = TrlParser(
         (ProbeArguments, HACPOScriptArguments, HACPOConfig),
@@ -436,7 +428,7 @@ def _help() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .train import RecipeError
+    from .recipe import RecipeError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
