@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from hacpo_trl.probe import _my_prompts, flags, generation_backend, pair_stats, render
+from hacpo_trl.probe import _my_prompts, agent_stats, flags, generation_backend, pair_stats, render
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,6 +54,7 @@ def test_flags_are_sentences_with_their_numbers():
         "smol": {"completions": 16, "accuracy": 0.0, "truncation_rate": 0.94},
         "big": {"completions": 16, "accuracy": 0.5, "truncation_rate": 0.05},
         "small": {"completions": 16, "accuracy": 1.0, "truncation_rate": 0.0},
+        "partial": {"completions": 16, "accuracy": 1.0, "truncation_rate": 0.0, "distinct_rewards": 3},
     }
     found = flags(_report([far, wrong, fine], agents))
     assert found == [
@@ -85,6 +86,21 @@ def test_flags_are_sentences_with_their_numbers():
         in text
     )
     assert text.endswith("Red flags: none.")
+
+
+def test_agent_stats_over_every_rank_of_an_agent():
+    from hacpo_trl.exchange import RolloutBatch
+
+    nan = float("nan")
+    records = [
+        RolloutBatch("a", 0, 0, ["p"] * 3, rewards=[1.0, 0.0, nan], terminated=[True, False, True]),
+        RolloutBatch("b", 1, 0, ["p"] * 2, rewards=[0.5, 0.25], terminated=[True, True]),
+        RolloutBatch("a", 2, 0, ["q"], rewards=[1.0], terminated=[False]),
+    ]
+    assert agent_stats(records, ["a", "b"]) == {
+        "a": {"completions": 4, "accuracy": 2 / 3, "distinct_rewards": 2, "truncation_rate": 0.5},
+        "b": {"completions": 2, "accuracy": 1.0, "distinct_rewards": 2, "truncation_rate": 0.0},
+    }
 
 
 def test_generation_backend_follows_the_recipe():

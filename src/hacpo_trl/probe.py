@@ -106,7 +106,8 @@ def pair_stats(ratios, correct, valid, lower_bound: float, omega: float) -> dict
 
 
 def agent_stats(records, agent_names) -> dict:
-    """Each agent's accuracy (reward > 0) on the sample and the share of its completions that did not stop."""
+    """Each agent's accuracy (reward > 0) on the sample, how many distinct rewards it got (a non-binary reward can
+    have spread at accuracy 1), and the share of its completions that did not stop."""
     out = {}
     for agent in agent_names:
         rewards = [x for r in records if r.agent == agent for x in r.rewards]
@@ -115,6 +116,7 @@ def agent_stats(records, agent_names) -> dict:
         out[agent] = {
             "completions": len(rewards),
             "accuracy": sum(x > 0 for x in scored) / len(scored) if scored else None,
+            "distinct_rewards": len(set(scored)),
             "truncation_rate": sum(not t for t in ended) / len(ended) if ended else None,
         }
     return out
@@ -147,7 +149,7 @@ def flags(report: dict) -> list[str]:
                 f"{agent}: {a['truncation_rate']:.0%} of its {a['completions']} completions were cut at "
                 f"max_completion_length={max_len} without stopping; raise it, or those rows teach a cut-off answer."
             )
-        if a["accuracy"] in (0.0, 1.0):
+        if a["accuracy"] in (0.0, 1.0) and a.get("distinct_rewards", 1) <= 1:  # partial credit still has spread
             out.append(
                 f"{agent}: own accuracy {a['accuracy']:.0%} on the sample of {a['completions']} completions: its "
                 "groups have no reward spread, so it gets no learning signal from its own rows."
