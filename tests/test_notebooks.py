@@ -9,6 +9,7 @@ from nbclient import NotebookClient
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
 
+@pytest.mark.timeout(1200)  # the custom-agents notebook runs the probe, training and evaluation: slow under load
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, monkeypatch, builtin_cache):
     monkeypatch.setenv("HACPO_NOTEBOOK_OUT", str(tmp_path))
