@@ -9,6 +9,7 @@ from nbclient import NotebookClient
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
 
+@pytest.mark.timeout(1200)  # the custom-agents notebook runs the probe, training and evaluation: slow under load
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, monkeypatch, builtin_cache):
     monkeypatch.setenv("HACPO_NOTEBOOK_OUT", str(tmp_path))
@@ -33,6 +34,7 @@ def test_notebook_runs(path, tmp_path, monkeypatch, builtin_cache):
         for agent in agents:
             assert printed.count(f"{agent:10s} before ") == 1 and printed.count(f"{agent:10s} after ") == 1
         assert "stop token '<|im_end|>'" in printed and "You are a helpful AI assistant named SmolLM" in printed
+        assert "| smollm2 <- char-llama |" in printed and "Red flags" in printed  # hacpo-probe ran before training
         adapter = run / "smollm2"
         assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
         assert "HuggingFaceTB/SmolLM2-135M-Instruct" in (adapter / "README.md").read_text()

@@ -14,7 +14,15 @@ import torch
 
 from .algorithm import HACPOLossConfig, LossOutput, hacpo_loss, peer_objective, sequence_log_ratio, stepwise_lower_bound
 
-__all__ = ["batch_row_flags", "current_update", "gradient_rows", "rows_loss", "score_peer_rows", "self_on_policy"]
+__all__ = [
+    "batch_row_flags",
+    "current_update",
+    "gradient_rows",
+    "peer_log_ratios",
+    "rows_loss",
+    "score_peer_rows",
+    "self_on_policy",
+]
 
 Clipped = tuple[torch.Tensor, float, torch.Tensor, float]
 
@@ -31,21 +39,27 @@ def self_on_policy(gradient_accumulation_steps: int, generate_every: int, vllm_w
     return gradient_accumulation_steps % generate_every == 0 and not vllm_weights
 
 
+def peer_log_ratios(logps: torch.Tensor, inputs: dict, rows: torch.Tensor, config: HACPOLossConfig) -> torch.Tensor:
+    """log s of the peer rows ``rows`` (a mask over the mini-batch) whose per-token log-probs are ``logps``: the
+    learner's mean log-prob of its view of each completion minus the generator's (Eq. 11). The trainer's scoring of
+    a peer row, shared with ``hacpo-probe``."""
+    return sequence_log_ratio(
+        logps,
+        inputs["completion_mask"][rows],
+        inputs["hacpo_old_mean_logp"][rows].to(logps.dtype),
+        inputs["hacpo_old_len"][rows],
+        mode=config.ratio_mode,
+        max_abs_log_ratio=config.max_abs_log_ratio,
+    )
+
+
 @torch.no_grad()
 def score_peer_rows(
     logps: torch.Tensor, inputs: dict, candidates: torch.Tensor, update_index: int, config: HACPOLossConfig
 ) -> Clipped | None:
     """The peer rows (of ``candidates``, whose per-token log-probs are ``logps``) whose ratio is outside the band
     ``[lb_m, 1]`` now: they get no gradient, so they need no backward pass. None when every candidate is inside."""
-    log_s = sequence_log_ratio(
-        logps,
-        inputs["completion_mask"][candidates],
-        inputs["hacpo_old_mean_logp"][candidates].to(logps.dtype),
-        inputs["hacpo_old_len"][candidates],
-        mode=config.ratio_mode,
-        max_abs_log_ratio=config.max_abs_log_ratio,
-    )
-    ratio = log_s.exp()
+    ratio = peer_log_ratios(logps, inputs, candidates, config).exp()
     bound = stepwise_lower_bound(update_index, config.delta, config.delta_step)
     outside = (ratio < bound) | (ratio > 1.0)
     if not outside.any():

@@ -90,6 +90,7 @@ class PeerRows:
     old_mean_logps: list[float] = field(default_factory=list)  # the generator's, in its own tokenization
     old_lengths: list[int] = field(default_factory=list)  # the generator's token count
     omega: list[float] = field(default_factory=list)  # ω(source, learner), Eq. (8)
+    rewards: list[float] = field(default_factory=list)  # the generator's reward for it
     valid: list[bool] = field(default_factory=list)  # gets a loss (False: in the baseline only)
     self_advantages: torch.Tensor = field(default_factory=lambda: torch.zeros(0))  # the self rows' (joint) advantages
     rejected: int = 0  # non-finite reward or old log-prob, or nothing left after re-tokenization
@@ -210,6 +211,7 @@ def build_peer_rows(
         out.old_mean_logps.append(old_mean)
         out.old_lengths.append(old_len)
         out.omega.append(capability_ratio(capabilities[source], capabilities[learner], ratio_min, ratio_max))
+        out.rewards.append(reward)
         out.valid.append(not (cut and settings.mask_truncated_completions) and old_len > 0)
     out.retokenize_seconds = time.perf_counter() - start
     return out

@@ -303,6 +303,7 @@ class HACPOTrainer(GRPOTrainer):
         records = self.exchange.all_gather(record, what=f"rollouts of step {self.state.global_step}")
         exchange_time = time.perf_counter() - start
         check_same_prompts(records, self.agent, self.state.global_step)
+        self._last_records = records  # every agent's rollouts of this batch: what `hacpo-probe` reports on
         by_agent = self._update_capability(records, mode)
         peers = self._open_peers(mode)
         if not peers:  # learns from no one at this batch: GSPO's own batch (its records were still shared)
@@ -366,6 +367,7 @@ class HACPOTrainer(GRPOTrainer):
         rows = build_peer_rows(
             prompt_ids, rewards, records, self.agent, learners_view, caps, self.args, tokenizer, self._peer_weight()
         )
+        self._last_peer_rows = rows  # what `hacpo-probe` reports on
         prompt_tokens = self_prompt_tokens(prompt_ids, batch["prompt_ids"], batch["prompt_mask"])
         pad_id = self._tokenizer.pad_token_id
         batch = append_peer_rows(batch, rows, prompt_tokens, prompt_ids, self.args.steps_per_generation, pad_id)

@@ -1,0 +1,221 @@
+"""`hacpo-probe`: the numbers it reports (hand-worked), its red flags, that its peer ratios are the trainer's own,
+and two real launches: the size pair (every field) and SmolLM2 + tiny-llama (no peer row in the band)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from hacpo_trl.probe import _my_prompts, agent_stats, flags, generation_backend, pair_stats, render
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pair_stats_by_hand():
+    # band [0.8, 1]: 0.5 below; 0.8, 0.9, 1.0 in; 1.2 above; the row at 0.9 is not valid (no loss)
+    ratios = [0.5, 0.8, 0.9, 1.0, 1.2]
+    correct = [True, False, False, True, True]
+    valid = [True, True, False, True, True]
+    s = pair_stats(ratios, correct, valid, 0.8, omega=0.5)
+    assert s["rows"] == 5 and s["omega"] == 0.5
+    assert s["ratio"] == pytest.approx({"q1": 0.8, "median": 0.9, "q3": 1.0})
+    assert s["all"] == pytest.approx({"rows": 5, "median": 0.9, "below": 0.2, "in_band": 0.6, "above": 0.2})
+    assert s["correct"] == pytest.approx({"rows": 3, "median": 1.0, "below": 1 / 3, "in_band": 1 / 3, "above": 1 / 3})
+    assert s["wrong"] == pytest.approx({"rows": 2, "median": 0.85, "below": 0.0, "in_band": 1.0, "above": 0.0})
+    assert s["would_train"] == 2  # 0.8 (wrong) and 1.0 (correct); 0.9 is in band but invalid
+    assert s["wrong_share_of_would_train"] == pytest.approx(0.5)
+    empty = pair_stats([], [], [], 0.8, omega=1.0)
+    assert empty["rows"] == 0 and empty["would_train"] == 0 and empty["wrong_share_of_would_train"] is None
+
+
+def _report(pairs, agents):
+    return {
+        "prompts": 4,
+        "num_generations": 8,
+        "max_completion_length": 40,
+        "backend": "transformers generate",
+        "peer_filter": None,
+        "band": [0.8, 1.0],
+        "agents": agents,
+        "pairs": pairs,
+    }
+
+
+def test_flags_are_sentences_with_their_numbers():
+    far = {"learner": "smol", "generator": "tiny", **pair_stats([0.004, 0.003, 0.01], [1, 0, 0], [1, 1, 1], 0.8, 2.0)}
+    wrong = {"learner": "big", "generator": "small", **pair_stats([0.9] * 4, [0, 0, 0, 1], [1] * 4, 0.8, 0.5)}
+    fine = {"learner": "small", "generator": "big", **pair_stats([0.9] * 4, [1, 1, 0, 1], [1] * 4, 0.8, 2.0)}
+    agents = {
+        "smol": {"completions": 16, "accuracy": 0.0, "truncation_rate": 0.94},
+        "big": {"completions": 16, "accuracy": 0.5, "truncation_rate": 0.05},
+        "small": {"completions": 16, "accuracy": 1.0, "truncation_rate": 0.0},
+        "partial": {"completions": 16, "accuracy": 1.0, "truncation_rate": 0.0, "distinct_rewards": 3},
+    }
+    found = flags(_report([far, wrong, fine], agents))
+    assert found == [
+        "smol <- tiny: no peer row in the band [0.80, 1] (median ratio 0.004 over 3 rows): smol learns nothing from "
+        "tiny; their tokenizers, chat templates or stop tokens disagree, or the models are too far apart.",
+        "big <- small: 75% of the 4 peer rows that would train are wrong answers, so big would train mostly on wrong "
+        "peer rows (each pushed down); `peer_filter: correct` trains only on correct peer rows.",
+        "smol: 94% of its 16 completions were cut at max_completion_length=40 without stopping; raise it, or those "
+        "rows teach a cut-off answer.",
+        "smol: own accuracy 0% on the sample of 16 completions: its groups have no reward spread, so it gets no "
+        "learning signal from its own rows.",
+        "small: own accuracy 100% on the sample of 16 completions: its groups have no reward spread, so it gets no "
+        "learning signal from its own rows.",
+    ]
+    with_options = {**_report([wrong], {}), "sharing_options": ["learn_from", "capability_gate"]}
+    assert flags(with_options)[0].endswith(
+        "`peer_filter: correct` trains only on correct peer rows (`learn_from`, `capability_gate` also limit what a "
+        "learner takes from its peers)."
+    )
+    closed = {**fine, "learner": "big", "generator": "small", "learns_from": False}
+    assert "| big <- small (does not learn from it: learn_from / capability_gate) | 4 |" in render(
+        {**_report([closed], {}), "flags": []}
+    )
+    report = _report([fine], {"small": agents["big"]})
+    report["flags"] = flags(report)
+    text = render(report)
+    assert (
+        "| small <- big | 4 | 0.9 [0.9, 0.9] | 0.00/1.00/0.00 | 3: 0.00/1.00/0.00 | 1: 0.00/1.00/0.00 | 4 | 0.25 |"
+        in text
+    )
+    assert text.endswith("Red flags: none.")
+
+
+def test_agent_stats_over_every_rank_of_an_agent():
+    from hacpo_trl.exchange import RolloutBatch
+
+    nan = float("nan")
+    records = [
+        RolloutBatch("a", 0, 0, ["p"] * 3, rewards=[1.0, 0.0, nan], terminated=[True, False, True]),
+        RolloutBatch("b", 1, 0, ["p"] * 2, rewards=[0.5, 0.25], terminated=[True, True]),
+        RolloutBatch("a", 2, 0, ["q"], rewards=[1.0], terminated=[False]),
+    ]
+    assert agent_stats(records, ["a", "b"]) == {
+        "a": {"completions": 4, "accuracy": 2 / 3, "distinct_rewards": 2, "truncation_rate": 0.5},
+        "b": {"completions": 2, "accuracy": 1.0, "distinct_rewards": 2, "truncation_rate": 0.0},
+    }
+
+
+def test_generation_backend_follows_the_recipe():
+    assert generation_backend(SimpleNamespace(use_vllm=False)) == "transformers generate"
+    assert generation_backend(SimpleNamespace(use_vllm=True, vllm_mode="colocate")) == "vLLM, colocate mode"
+    assert generation_backend(SimpleNamespace(use_vllm=True, vllm_mode="server")) == "vLLM, server mode"
+
+
+def test_an_agents_ranks_split_the_prompts_whole():
+    from datasets import Dataset
+
+    data = Dataset.from_dict({"prompt": [str(i) for i in range(5)]})
+    parts = [[r["prompt"] for r in _my_prompts(data, 5, rank, 2)] for rank in range(2)]
+    assert parts == [["0", "1", "2"], ["3", "4"]]
+    assert [r["prompt"] for r in _my_prompts(data, 9, 0, 1)] == ["0", "1", "2", "3", "4"]
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+@pytest.fixture(scope="module")
+def size_pair(tmp_path_factory):
+    """The probe on the size pair (4 prompts), then each trainer's own loss on the probe's generation batch."""
+    from conftest import accelerate_launch
+
+    out = tmp_path_factory.mktemp("probe_size")
+    proc = accelerate_launch(
+        2, "probe_vs_trainer.py", str(out), "--config", str(ROOT / "recipes" / "tiny_size.yaml"), "--prompts", "4",
+        "--output", str(out / "probe.json"), timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return out, proc.stdout
+
+
+def test_probe_ratio_is_the_trainers_logged_ratio_for_the_same_row(size_pair):
+    """The probe scores each peer row with the trainer's code: the ratio it reports for a fixed completion (the
+    same generation batch) equals the ratio the trainer logs for that row in its first update."""
+    out, _ = size_pair
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("ratios-*.json"))]
+    assert sorted(r["agent"] for r in results) == ["trace-large", "trace-small"]
+    inside = outside = 0
+    for r in results:
+        assert r["lower_bound"] == pytest.approx(0.8)
+        assert len(r["probe"]) == len(r["trainer"]) > 0, r["agent"]
+        assert r["probe"] == pytest.approx(r["trainer"], rel=1e-5), r["agent"]
+        inside += sum(0.8 <= x <= 1 for x in r["probe"])
+        outside += sum(not 0.8 <= x <= 1 for x in r["probe"])
+    assert inside and outside  # both of the trainer's paths: rows in the gradient pass and rows left out of it
+
+
+def test_probe_on_the_size_pair_prints_the_table_and_writes_every_field(size_pair):
+    out, stdout = size_pair
+    assert "| trace-large <- trace-small | 32 |" in stdout and "| trace-small <- trace-large | 32 |" in stdout
+    report = json.loads((out / "probe.json").read_text())
+    assert report["band"] == [0.8, 1.0] and report["prompts"] == 4 and report["num_generations"] == 8
+    assert report["backend"] == "transformers generate"
+    assert set(report["agents"]) == {"trace-large", "trace-small"}
+    for a in report["agents"].values():
+        assert a["completions"] == 32 and 0 <= a["accuracy"] <= 1 and 0 <= a["truncation_rate"] <= 1
+    assert [(p["learner"], p["generator"]) for p in report["pairs"]] == [
+        ("trace-large", "trace-small"),
+        ("trace-small", "trace-large"),
+    ]
+    for p in report["pairs"]:
+        assert p["rows"] == 32
+        assert p["ratio"]["q1"] <= p["ratio"]["median"] <= p["ratio"]["q3"]
+        assert sum(p["all"][k] for k in ("below", "in_band", "above")) == pytest.approx(1)
+        assert p["correct"]["rows"] + p["wrong"]["rows"] == 32
+        assert set(p) >= {"would_train", "wrong_share_of_would_train", "omega"} and p["learns_from"] is True
+        # ω = clamp(P_generator / P_learner) from the sampled accuracies
+        acc = report["agents"]
+        expected = acc[p["generator"]]["accuracy"] / acc[p["learner"]]["accuracy"]
+        assert p["omega"] == pytest.approx(min(max(expected, 0.1), 10.0))
+    assert all(f in stdout for f in report["flags"])
+
+
+def test_probe_flags_smollm2_and_tiny_llama_as_too_far_apart(tmp_path):
+    recipe = {
+        "task": "arithmetic", "reward_funcs": ["arithmetic_exact"], "eval_samples": 0,
+        "agents": [{"name": "smollm2", "model_name_or_path": "builtin:smollm2-135m-instruct"},
+                   {"name": "tiny-llama", "model_name_or_path": "builtin:tiny-llama"}],
+        "output_dir": str(tmp_path / "never_written"), "num_generations": 4, "per_device_train_batch_size": 8,
+        "steps_per_generation": 2, "max_completion_length": 12, "use_cpu": True, "bf16": False,
+        "activation_checkpointing": False, "report_to": "none", "save_strategy": "no",
+    }  # fmt: skip
+    (tmp_path / "pair.yaml").write_text(yaml.safe_dump(recipe))
+    out = tmp_path / "probe.json"
+    cmd = [sys.executable, "-m", "hacpo_trl.probe", "--config", str(tmp_path / "pair.yaml"), "--prompts", "2",
+           "--output", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    smol = next(p for p in report["pairs"] if p["learner"] == "smollm2")
+    assert smol["rows"] == 8 and smol["all"]["in_band"] == 0 and smol["ratio"]["median"] < 0.1
+    assert any(f.startswith("smollm2 <- tiny-llama: no peer row in the band [0.80, 1]") for f in report["flags"])
+    assert "smollm2 <- tiny-llama: no peer row in the band" in proc.stdout
+    assert not (tmp_path / "never_written").exists()  # the probe trains and saves nothing
+
+
+def test_probe_refuses_a_recipe_with_one_agent(tmp_path):
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump({"agents": [{"name": "a", "model_name_or_path": "x"}]}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "hacpo_trl.probe", "--config", str(tmp_path / "one.yaml")],
+        capture_output=True, text=True, env=_env(), timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().endswith(
+        "hacpo-probe: error: hacpo-probe needs a recipe with at least two agents: it measures what they share"
+    )
+
+
+def test_probe_help_names_its_own_flags():
+    proc = subprocess.run(
+        [sys.executable, "-m", "hacpo_trl.probe", "--help"], capture_output=True, text=True, env=_env(), timeout=120
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: hacpo-probe")
+    assert "--prompts PROMPTS" in proc.stdout and "--output OUTPUT" in proc.stdout
