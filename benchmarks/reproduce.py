@@ -87,6 +87,9 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
     "HACPO correct + fade": ({"peer_filter": "correct", "peer_fade_steps": "{run}", **HACPO_SCHEDULE}, 8, 4),
 }  # fmt: skip
 METHODS |= CANDIDATES
+# the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset
+GRID = ["GRPO", "GSPO", "GSPO×2", "Naive", "HACPO", REMEDY_NAME, "HACPO directed (stronger learns from none)",
+        "HACPO capability gate 1.0", "HACPO peer fade"]  # fmt: skip
 ABLATIONS: dict[str, dict] = {
     "w/o capability-aware baseline": {"capability_baseline": False},
     "w/o capability coefficient": {"capability_coefficient": False},
@@ -281,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
         REMEDY.clear()
         REMEDY.update(args.remedy)
         METHODS[REMEDY_NAME] = ({**REMEDY, **HACPO_SCHEDULE}, 8, 4)
+    if args.methods is None and args.split == "test":  # the grid; on validation every method and candidate
+        args.methods = GRID + ([RECOMMENDED] if RECOMMENDED and RECOMMENDED not in GRID else []) + list(ABLATIONS)
+    unknown = [m for m in args.methods or [] if m not in METHODS and m not in ABLATIONS]
+    if unknown:
+        parser.error(f"unknown methods {unknown}; available: {list(METHODS) + list(ABLATIONS)}")
     methods = {k: v for k, v in METHODS.items() if args.methods is None or k in args.methods}
     ablations = {k: v for k, v in ABLATIONS.items() if args.methods is None or k in args.methods}
     args.out.mkdir(parents=True, exist_ok=True)
