@@ -52,9 +52,9 @@ HACPO_SCHEDULE = {"per_device_train_batch_size": 16, "steps_per_generation": 4}
 REMEDY_NAME = "HACPO + correct-only peers"
 REMEDY: dict = {"peer_filter": "correct"}
 
-# the stronger agent of each pair before RL (accuracy_before as built; re-check when the agents are rebuilt): the
+# the stronger agent of each pair: the one built to the stronger band (`hacpo_trl.demo`; check accuracy_before): the
 # directed-sharing method makes it learn from no one (`learn_from: <stronger>`: everyone else learns from it only)
-STRONGER = {"state": "trace-instruct", "size": "trace-large", "model": "trace-qwen2", "style": "trace-llama"}
+STRONGER = {"state": "trace-instruct", "size": "trace-large", "model": "trace-qwen2", "style": "trace-bracket"}
 
 # the recommended preset: None until chosen on the validation split by the rule in RESULTS.md (never on `test`)
 RECOMMENDED: str | None = None

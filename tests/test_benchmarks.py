@@ -87,6 +87,9 @@ def test_method_settings_name_the_pairs_stronger_agent_and_the_run_length(tmp_pa
     argv = reproduce._argv("state", "HACPO peer fade", settings, updates, 100, args)
     assert argv[argv.index("--peer_fade_steps") + 1] == "48" and argv[argv.index("--eval_split") + 1] == "validation"
     assert set(reproduce.STRONGER) == set(reproduce.PAIRS)
-    assert all(reproduce.STRONGER[p] in reproduce.PAIRS[p] for p in reproduce.PAIRS)
+    from hacpo_trl.demo import BUILTIN_AGENTS
+
+    bands = {name: agent.band for name, agent in BUILTIN_AGENTS.items()}
+    assert all(bands[reproduce.STRONGER[p]] == max(bands[n] for n in reproduce.PAIRS[p]) for p in reproduce.PAIRS)
     assert all(m.startswith("HACPO") for m in reproduce.CANDIDATES)
     assert reproduce.RECOMMENDED is None or reproduce.RECOMMENDED.startswith("HACPO")
