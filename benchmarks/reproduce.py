@@ -1,8 +1,13 @@
-"""The paper's Table 1 in miniature, in the paper's regime: three pairs of built-in tiny agents (state, size and
-model heterogeneity) on the reasoning-trace task, with the paper's update schedule, paired by seed.
+"""The paper's Table 1 in miniature, in the paper's regime: four pairs of built-in tiny agents (state, size, model
+heterogeneity, and style: traces written differently, as by a Base and an Instruct model) on the reasoning-trace
+task, with the paper's update schedule, paired by seed.
 
-    python benchmarks/reproduce.py            # the full grid (about 30 min on 2 idle cores)
+    python benchmarks/reproduce.py            # the held-out grid (long: resumable, run it in parts, see RESULTS.md)
     python benchmarks/reproduce.py --quick    # 2 seeds, fewer steps, the main methods (a few minutes)
+    python benchmarks/reproduce.py --split validation --methods GSPO   # choosing settings: seeds 100-107 by default
+
+Finished runs are kept under `--out` (default `benchmarks/runs/<split>-<steps>steps`) and reused, so an interrupted
+or partial grid continues where it stopped: run the same command again, or one `--pairs` / `--methods` at a time.
 
 Every method of a pair starts from the same two warm-started agents (`hacpo_trl.demo.PAIRS`) and, for a given seed,
 sees the same prompt stream; each is evaluated the same way: greedy accuracy on the 500 held-out problems of
@@ -14,9 +19,10 @@ and step, optimizer mini-batches of 32 rows, so GSPO makes 2 updates per generat
 own 64 rows plus 64 peer rows), and GSPO×2 draws G = 16 (twice the rollouts) for 4 updates. With a single update
 per batch GSPO would be GRPO and its clip would never act.
 
-Methods: GSPO, GSPO×2, Naive sharing, HACPO (self-first peer layout, the paper's text), HACPO with the interleaved
-layout (what the official code does on 8 GPUs), and HACPO with the library's remedy (`REMEDY`); on one pair the
-ablations of the paper plus the correct-only peer filter.
+Methods: GRPO, GSPO, GSPO×2, Naive sharing, HACPO (self-first peer layout, the paper's text), HACPO with the
+interleaved layout (what the official code does on 8 GPUs), HACPO with the library's remedy (`REMEDY`), each
+protective sharing option alone (directed: the stronger agent learns from no one; capability gate; peer fade) and
+the recommended preset (`RECOMMENDED`, chosen on the validation split); on one pair the ablations of the paper.
 """
 
 from __future__ import annotations
@@ -46,8 +52,21 @@ HACPO_SCHEDULE = {"per_device_train_batch_size": 16, "steps_per_generation": 4}
 REMEDY_NAME = "HACPO + correct-only peers"
 REMEDY: dict = {"peer_filter": "correct"}
 
+# the stronger agent of each pair: the one built to the stronger band (`hacpo_trl.demo`; check accuracy_before): the
+# directed-sharing method makes it learn from no one (`learn_from: <stronger>`: everyone else learns from it only)
+STRONGER = {"state": "trace-instruct", "size": "trace-large", "model": "trace-qwen2", "style": "trace-bracket"}
+
+# the recommended preset: None until chosen on the validation split by the rule in RESULTS.md (never on `test`)
+RECOMMENDED: str | None = None
+
 # name -> (recipe overrides, own rollouts per prompt and step, optimizer updates per generation batch)
+# (string values may name "{stronger}", the pair's stronger agent, or "{run}", the run's optimizer steps)
 METHODS: dict[str, tuple[dict, int, int]] = {
+    "GRPO": (
+        {"share_rollouts": False, "importance_sampling_level": "token", "epsilon": 0.2, "epsilon_high": 0.2,
+         "per_device_train_batch_size": 32, "steps_per_generation": 2},
+        8, 2,
+    ),
     "GSPO": ({"share_rollouts": False, "per_device_train_batch_size": 32, "steps_per_generation": 2}, 8, 2),
     "GSPO×2": (
         {"share_rollouts": False, "num_generations": 16, "per_device_train_batch_size": 32, "steps_per_generation": 4},
@@ -57,7 +76,20 @@ METHODS: dict[str, tuple[dict, int, int]] = {
     "HACPO": (dict(HACPO_SCHEDULE), 8, 4),
     "HACPO interleaved": ({"peer_layout": "interleaved", **HACPO_SCHEDULE}, 8, 4),
     REMEDY_NAME: ({**REMEDY, **HACPO_SCHEDULE}, 8, 4),
+    "HACPO directed (stronger learns from none)": ({"learn_from": "{stronger}", **HACPO_SCHEDULE}, 8, 4),
+    "HACPO capability gate 1.0": ({"capability_gate": 1.0, **HACPO_SCHEDULE}, 8, 4),
+    "HACPO peer fade": ({"peer_fade_steps": "{run}", **HACPO_SCHEDULE}, 8, 4),
 }  # fmt: skip
+# preset candidates (combinations), compared on the validation split only; the winner becomes RECOMMENDED
+CANDIDATES: dict[str, tuple[dict, int, int]] = {
+    "HACPO correct + gate 1.0": ({"peer_filter": "correct", "capability_gate": 1.0, **HACPO_SCHEDULE}, 8, 4),
+    "HACPO correct + directed": ({"peer_filter": "correct", "learn_from": "{stronger}", **HACPO_SCHEDULE}, 8, 4),
+    "HACPO correct + fade": ({"peer_filter": "correct", "peer_fade_steps": "{run}", **HACPO_SCHEDULE}, 8, 4),
+}  # fmt: skip
+METHODS |= CANDIDATES
+# the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset
+GRID = ["GRPO", "GSPO", "GSPO×2", "Naive", "HACPO", REMEDY_NAME, "HACPO directed (stronger learns from none)",
+        "HACPO capability gate 1.0", "HACPO peer fade"]  # fmt: skip
 ABLATIONS: dict[str, dict] = {
     "w/o capability-aware baseline": {"capability_baseline": False},
     "w/o capability coefficient": {"capability_coefficient": False},
@@ -68,7 +100,7 @@ ABLATIONS: dict[str, dict] = {
 }  # the correct-only peer filter is the remedy's row
 NO_BAND = ("Naive", "w/o peer clipping")
 UPDATES = {name: updates for name, (_, _, updates) in METHODS.items()}
-SHARING = [m for m in METHODS if m not in ("GSPO", "GSPO×2")]
+SHARING = [m for m in METHODS if m not in ("GRPO", "GSPO", "GSPO×2")]
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
          11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 19: 2.093, 29: 2.045}  # fmt: skip
 
@@ -84,13 +116,21 @@ def _folder(out: Path, pair: str, name: str, seed: int) -> Path:
     return out / pair / f"{name.replace(' ', '_').replace('/', '').replace('×', 'x')}-seed{seed}"
 
 
+def _resolve(settings: dict, pair: str, run_steps: int) -> dict:
+    """A method's settings for one pair and run length ("{stronger}" and "{run}" filled in)."""
+    fill = {"stronger": STRONGER.get(pair, ""), "run": run_steps}
+    return {k: v.format(**fill) if isinstance(v, str) else v for k, v in settings.items()}
+
+
 def _argv(pair: str, name: str, settings: dict, updates: int, seed: int, args) -> list[str]:
     """`hacpo-train` arguments of one run: `--steps` generation batches, i.e. `steps x updates` optimizer steps."""
+    settings = _resolve(settings, pair, args.steps * updates)
     return [
         "--config", str(ROOT / "recipes" / f"tiny_{pair}.yaml"), "--output_dir", str(_folder(args.out, pair, name, seed)),
         "--seed", str(seed), "--max_steps", str(args.steps * updates), "--plot", "false",
         "--eval_every", str(args.eval_every * updates), "--eval_split", args.split, "--logging_steps", "1",
         *_flags(settings),
+        *([] if args.learning_rate is None else ["--learning_rate", str(args.learning_rate)]),
     ]  # fmt: skip
 
 
@@ -134,7 +174,11 @@ def mean_std(values: list[float]) -> str:
 
 def paired_ci(a: list[float], b: list[float]) -> tuple[float, float, float]:
     """Mean of the paired differences a_i − b_i and its 95% t-interval (NaN bounds with one pair)."""
-    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    return mean_ci([x - y for x, y in zip(a, b, strict=True)])
+
+
+def mean_ci(diffs: list[float]) -> tuple[float, float, float]:
+    """Mean and one-sample 95% t-interval (NaN bounds with one value)."""
     mean = statistics.mean(diffs)
     if len(diffs) < 2:
         return mean, math.nan, math.nan
@@ -206,9 +250,14 @@ def _plot(curves: dict, pairs: list[str], methods: list[str], rollouts: dict[str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="2 seeds, 6 steps, GSPO / Naive / HACPO, no ablations")
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=None, help="default: 0-7 on test, 100-107 (disjoint) on validation"
+    )
     parser.add_argument("--steps", type=int, default=12, help="generation batches (steps of 8 prompts) per run")
     parser.add_argument("--eval_every", type=int, default=6, help="also evaluate every N generation batches (0: off)")
+    parser.add_argument(
+        "--learning_rate", type=float, default=None, help="every method's learning rate (default: the recipe's)"
+    )
     parser.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
     parser.add_argument("--methods", nargs="+", default=None, help="a subset of the methods by name")
     parser.add_argument("--ablation_pair", default="state", help="the pair the ablation grid runs on ('' = none)")
@@ -223,15 +272,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/runs/<split>-<steps>steps")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
     args = parser.parse_args(argv)
+    if args.seeds is None:  # settings are chosen with seeds the held-out grid never uses
+        args.seeds = list(range(100, 108)) if args.split == "validation" else list(range(8))
     if args.quick:
         args.seeds, args.steps, args.eval_every, args.ablation_pair = args.seeds[:2], 6, 0, ""
         args.methods = args.methods or ["GSPO", "Naive", "HACPO"]
     # finished runs are reused (an interrupted grid resumes), so runs of another length or split live elsewhere
-    args.out = args.out or ROOT / "benchmarks" / "runs" / f"{args.split}-{args.steps}steps"
+    lr = "" if args.learning_rate is None else f"-lr{args.learning_rate:g}"
+    args.out = args.out or ROOT / "benchmarks" / "runs" / f"{args.split}-{args.steps}steps{lr}"
     if args.remedy is not None:
         REMEDY.clear()
         REMEDY.update(args.remedy)
         METHODS[REMEDY_NAME] = ({**REMEDY, **HACPO_SCHEDULE}, 8, 4)
+    if args.methods is None and args.split == "test":  # the grid; on validation every method and candidate
+        args.methods = GRID + ([RECOMMENDED] if RECOMMENDED and RECOMMENDED not in GRID else []) + list(ABLATIONS)
+    unknown = [m for m in args.methods or [] if m not in METHODS and m not in ABLATIONS]
+    if unknown:
+        parser.error(f"unknown methods {unknown}; available: {list(METHODS) + list(ABLATIONS)}")
     methods = {k: v for k, v in METHODS.items() if args.methods is None or k in args.methods}
     ablations = {k: v for k, v in ABLATIONS.items() if args.methods is None or k in args.methods}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -253,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     report = _report(results, args, methods, rollouts)
     report["wall_minutes"] = round(run_seconds / 60, 1)
     report["command"] = "python benchmarks/reproduce.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    report["recommended"] = RECOMMENDED
     (args.results.parent / "results.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
     curves = {
         p: {m: {a: [r[a]["curve"] for r in runs.values()] for a in PAIRS[p]} for m, runs in by_m.items()}
@@ -272,6 +330,7 @@ def _report(results, args, methods, rollouts) -> dict:
         agents = PAIRS[pair]
         entry: dict = {"agents": list(agents), "seeds": args.seeds, "accuracy": {}, "accuracy_before": {}}
         entry |= {"paired_vs_GSPO": {}, "peer": {}, "peer_ratio_median": {}, "rollouts_per_step": {}}
+        entry |= {"vs_before": {}, "curve": {}}
         for agent in agents:
             entry["accuracy"][agent] = {
                 m: [runs[s][agent]["accuracy_after"] for s in sorted(runs)] for m, runs in by_method.items()
@@ -289,6 +348,20 @@ def _report(results, args, methods, rollouts) -> dict:
                     [gspo[s][agent]["accuracy_after"] for s in common],
                 )
                 entry["paired_vs_GSPO"][agent][m] = {"mean": mean, "ci95": [lo, hi], "seeds": common}
+            entry["vs_before"][agent], entry["curve"][agent] = {}, {}
+            for m, runs in by_method.items():  # after - before, and the curve, per generation batch
+                seeds = sorted(runs)
+                mean, lo, hi = mean_ci(
+                    [runs[s][agent]["accuracy_after"] - runs[s][agent]["accuracy_before"] for s in seeds]
+                )
+                entry["vs_before"][agent][m] = {"mean": mean, "ci95": [lo, hi], "seeds": seeds}
+                points = [dict(runs[s][agent]["curve"]) for s in seeds]
+                common = sorted(set.intersection(*(set(p) for p in points)))
+                entry["curve"][agent][m] = [
+                    [step // UPDATES.get(m, 4), statistics.mean(p[step] for p in points),
+                     *mean_ci([p[step] - runs[s][agent]["accuracy_before"] for p, s in zip(points, seeds, strict=True)])]
+                    for step in common
+                ]  # fmt: skip  # [generation batches, mean accuracy, Δ vs before, its 95% interval]
             entry["peer"][agent] = {
                 m: peer_stats(args.out, pair, m, agent, sorted(by_method[m])) for m in by_method if m in SHARING
             } | {m: peer_stats(args.out, pair, m, agent, sorted(by_method[m])) for m in by_method if m in ABLATIONS}
@@ -301,8 +374,10 @@ def _report(results, args, methods, rollouts) -> dict:
         "task": "arithmetic_trace",
         "split": args.split,
         "steps": args.steps,
+        "learning_rate": args.learning_rate,
         "seeds": args.seeds,
         "remedy": {"name": REMEDY_NAME, "settings": REMEDY},
+        "methods": {m: METHODS[m][0] for m in methods},
         "settings": settings,
     }
 
@@ -311,6 +386,25 @@ def _fmt_ci(d: dict) -> str:
     lo, hi = d["ci95"]
     ci = "" if math.isnan(lo) else f" [{lo:+.3f}, {hi:+.3f}]"
     return f"{d['mean']:+.3f}{ci}"
+
+
+def _curve_lines(entry: dict, method: str, split: str) -> list[str]:
+    """One method's accuracy against generation batches, with the one-sample 95% interval of (accuracy − before)."""
+    curves = {a: entry["curve"][a].get(method, []) for a in entry["agents"]}
+    if not all(len(c) > 2 for c in curves.values()):
+        return []
+    batches = [int(p[0]) for p in curves[entry["agents"][0]]]
+    lines = [
+        f"{method} on the `{split}` split by generation batch: mean accuracy (Δ vs before, 95% interval):",
+        "",
+        "| agent | " + " | ".join(str(b) for b in batches) + " |",
+        "|---|" + "---|" * len(batches),
+    ]
+    for agent, points in curves.items():
+        cells = [f"{acc:.3f}" if b == 0 else f"{acc:.3f} ({_fmt_ci({'mean': d, 'ci95': [lo, hi]})})"
+                 for b, acc, d, lo, hi in points]  # fmt: skip
+        lines.append(f"| {agent} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def _markdown(report, args, methods, run_seconds, argv) -> list[str]:
@@ -353,6 +447,7 @@ def _markdown(report, args, methods, run_seconds, argv) -> list[str]:
                 row += f" {acc} | {_fmt_ci(delta) if delta else '–'} | {ratio} | {band} | {lb} |"
             lines.append(row)
         lines.append("")
+        lines += _curve_lines(entry, "GSPO", args.split)
     lines += ["![learning curves](learning_curves.png)", ""]
     return lines
 

@@ -1,5 +1,6 @@
 """Smoke runs of the benchmark scripts (a few steps) so they cannot rot; the full runs are not tests."""
 
+import argparse
 import json
 import math
 import re
@@ -53,7 +54,42 @@ def test_reproduce_and_overhead_write_their_sections(tmp_path, builtin_cache):
         assert state["peer"][agent]["HACPO"]["lower_bound"] == pytest.approx(0.8625)
         assert state["peer"][agent]["HACPO interleaved"]["lower_bound"] == pytest.approx(0.8375)
     assert state["rollouts_per_step"] == {"GSPO": 64, "HACPO": 64, "HACPO interleaved": 64}
+    # the curve per generation batch (GSPO 2, HACPO 4 updates per batch), starting at the pre-RL accuracy, and the
+    # one-sample (after - before) with its interval; the preset is not chosen by a smoke run
+    for agent in ("trace-instruct", "trace-base"):
+        for method in ("GSPO", "HACPO"):
+            curve = state["curve"][agent][method]
+            assert [point[0] for point in curve] == [0, 1, 2]
+            assert curve[0][1] == pytest.approx(state["accuracy_before"][agent]) and curve[0][2] == 0
+            after = state["accuracy"][agent][method]
+            assert curve[-1][1] == pytest.approx(sum(after) / 2)
+            gain = state["vs_before"][agent][method]
+            assert gain["mean"] == pytest.approx(sum(after) / 2 - state["accuracy_before"][agent], abs=1e-6)
+    assert report["recommended"] is None and report["methods"]["GSPO"]["share_rollouts"] is False
+    assert "GSPO on the `test` split by generation batch" in text
     assert (tmp_path / "learning_curves.png").stat().st_size > 10_000
     # where the time goes: generation, scoring, old log-probs, re-tokenize, exchange, wait, backward, optimizer, other
     assert re.search(r"\| 2 \| 4 \| \d+\.\d+ \| \d+\.\d+ \| \d+\.\d+ \| \d+\.\d+% \|", text)
     assert re.search(r"\| 2 \| 4 \| (-?\d+\.\d%) \|( -?\d+\.\d% \|){8}\n", text)
+
+
+def test_method_settings_name_the_pairs_stronger_agent_and_the_run_length(tmp_path):
+    """Directed sharing makes the pair's stronger agent learn from no one, the fade spans the run's optimizer steps,
+    and validation runs default to seeds the held-out grid never uses."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+
+    args = argparse.Namespace(out=tmp_path, steps=12, eval_every=6, split="validation", learning_rate=None)
+    settings, _, updates = reproduce.METHODS["HACPO directed (stronger learns from none)"]
+    argv = reproduce._argv("size", "HACPO directed (stronger learns from none)", settings, updates, 100, args)
+    assert argv[argv.index("--learn_from") + 1] == "trace-large" and argv[argv.index("--max_steps") + 1] == "48"
+    settings, _, updates = reproduce.METHODS["HACPO peer fade"]
+    argv = reproduce._argv("state", "HACPO peer fade", settings, updates, 100, args)
+    assert argv[argv.index("--peer_fade_steps") + 1] == "48" and argv[argv.index("--eval_split") + 1] == "validation"
+    assert set(reproduce.STRONGER) == set(reproduce.PAIRS)
+    from hacpo_trl.demo import BUILTIN_AGENTS
+
+    bands = {name: agent.band for name, agent in BUILTIN_AGENTS.items()}
+    assert all(bands[reproduce.STRONGER[p]] == max(bands[n] for n in reproduce.PAIRS[p]) for p in reproduce.PAIRS)
+    assert all(m.startswith("HACPO") for m in reproduce.CANDIDATES)
+    assert reproduce.RECOMMENDED is None or reproduce.RECOMMENDED.startswith("HACPO")

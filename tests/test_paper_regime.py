@@ -117,9 +117,9 @@ def test_a_killed_build_leaves_nothing_behind_for_the_next_one(tmp_path):
     assert not dead.exists() and live.is_dir()
 
 
-def test_pairs_name_builtin_agents_of_the_three_kinds():
+def test_pairs_name_builtin_agents_of_the_four_kinds():
     agents = demo.BUILTIN_AGENTS
-    assert set(demo.PAIRS) == {"state", "size", "model"}
+    assert set(demo.PAIRS) == {"state", "size", "model", "style"}
     strong, weak = (agents[n] for n in demo.PAIRS["state"])
     assert (strong.architecture, strong.hidden_size, strong.layers, strong.seed) == (
         weak.architecture, weak.hidden_size, weak.layers, weak.seed,
@@ -132,7 +132,16 @@ def test_pairs_name_builtin_agents_of_the_three_kinds():
     assert big.architecture == small.architecture and big.hidden_size * big.layers > small.hidden_size * small.layers
     a, b = (agents[n] for n in demo.PAIRS["model"])
     assert a.architecture != b.architecture
-    assert all(agents[n].task == "arithmetic_trace" for pair in demo.PAIRS.values() for n in pair)
+    # style: the same model shape and tokenizer, warm-started on two ways of writing the same worked solutions
+    steps, bracket = (agents[n] for n in demo.PAIRS["style"])
+    assert (steps.architecture, steps.hidden_size, steps.layers) == (
+        bracket.architecture,
+        bracket.hidden_size,
+        bracket.layers,
+    )
+    assert (steps.task, bracket.task) == ("arithmetic_trace", "arithmetic_trace_bracket")
+    same = ("model", "state", "size")
+    assert all(agents[n].task == "arithmetic_trace" for pair in same for n in demo.PAIRS[pair])
     assert demo.resolve_model("some/path") == "some/path"
 
 
@@ -143,6 +152,22 @@ def test_trace_solution_by_hand():
     assert trace_solution(347, 285) == "7+5=12, 4+8+1=13, 3+2+1=6, so 632"
     assert trace_solution(5, 995) == "5+5=10, 0+9+1=10, 0+9+1=10, so 1000"
     assert trace_solution(12, 34, digits=2) == "2+4=6, 1+3+0=4, so 46"
+    assert trace_solution(347, 285, style="bracket") == "[5+7=12][8+4+1=13][2+3+1=6] so 632"
+    assert trace_solution(5, 995, style="bracket") == "[5+5=10][9+0+1=10][9+0+1=10] so 1000"
+    with pytest.raises(ValueError, match="unknown trace style 'prose'"):
+        trace_solution(1, 2, style="prose")
+
+
+def test_the_bracket_style_changes_the_warmup_solutions_only():
+    """Same problems, answers and splits; only the worked solutions are written differently, and the reward grades
+    both styles' solutions correct."""
+    steps, bracket = task_splits("arithmetic_trace"), task_splits("arithmetic_trace_bracket")
+    for name in ("warmup", "train", "validation", "test"):
+        assert steps[name]["prompt"] == bracket[name]["prompt"] and steps[name]["answer"] == bracket[name]["answer"]
+    rows = bracket["warmup"].select(range(50))
+    originals = steps["warmup"]["solution"][:50]
+    assert all(r["solution"].startswith("[") and r["solution"] != s for r, s in zip(rows, originals, strict=True))
+    assert arithmetic_trace_answer(rows["solution"], rows["answer"]) == [1.0] * 50
 
 
 def test_trace_splits_are_disjoint_large_enough_and_long_for_every_tokenizer():

@@ -11,7 +11,11 @@ Reasoning-trace task (``arithmetic_trace``), one pair per kind of heterogeneity 
   ``trace-base`` and ``trace-instruct``, the same model warm-started to a lower band, then on to a higher one;
 * *size* (same tokenizer, different depth and width, like Qwen3-1.7B vs 4B): ``trace-small`` and ``trace-large``;
 * *model* (different architecture and tokenizer, like Qwen3 vs Llama-3.2): ``trace-llama`` (character tokenizer)
-  and ``trace-qwen2`` (byte-level BPE).
+  and ``trace-qwen2`` (byte-level BPE);
+* *style* (one architecture, tokenizer and size, traces written differently, like a Base and an Instruct model):
+  ``trace-llama`` and ``trace-bracket``, warm-started on the ``steps`` and the ``bracket`` format of the same
+  worked solutions (``trace-bracket`` in the stronger band, like the Instruct model); each finds the other's traces
+  unlikely, which the paper's importance weights and band exist for.
 
 Every agent is warm-started with a short supervised run on its task's ``warmup`` split (never the RL ``train`` or
 the held-out ``test`` split), until its accuracy on validation problems lies in a stated band (``BUILTIN_AGENTS``),
@@ -79,13 +83,19 @@ BUILTIN_AGENTS = {
     # model: different architecture, tokenizer and chat template (the Qwen2 one the stronger, as it was at fixed steps)
     "trace-llama": DemoAgent("llama", hidden_size=64, layers=3, band=WEAK, seed=14, **_TRACE),
     "trace-qwen2": DemoAgent("qwen2", hidden_size=64, layers=3, band=STRONG, seed=15, **_TRACE),
+    # style: trace-llama's architecture and size, warm-started on the `bracket` format to the stronger band (the
+    # Instruct-like agent of the pair; trace-llama, the weaker, writes the `steps` format)
+    "trace-bracket": DemoAgent(
+        "llama", hidden_size=64, layers=3, band=STRONG, seed=16, task="arithmetic_trace_bracket"
+    ),
 }
 
-# the paper's three kinds of heterogeneity, each a pair of built-in agents on `arithmetic_trace`
+# the paper's three kinds of heterogeneity, and the Base-vs-Instruct difference in how traces are written (style), each a pair of built-in agents on `arithmetic_trace`
 PAIRS = {
     "state": ("trace-instruct", "trace-base"),
     "size": ("trace-large", "trace-small"),
     "model": ("trace-llama", "trace-qwen2"),
+    "style": ("trace-llama", "trace-bracket"),
 }
 BUILD_RECORD = "hacpo_build.json"  # in each agent's folder: the steps and validation accuracy it was built to
 CACHE_VERSION = 3  # v3: warm-started to a band of validation accuracy (v2: fixed steps); v2: the saved tokenizer

@@ -7,7 +7,8 @@ Built-in tasks (both answer-graded, split into disjoint ``warmup`` / ``train`` /
 * ``arithmetic_trace``: ``347+285=`` -> ``7+5=12, 4+8+1=13, 3+2+1=6, so 632``: a worked digit-by-digit solution,
   then the answer (>= 15 tokens for every built-in tokenizer). Most tokens of a trace are predictable to any agent
   that knows the format, as in the paper's long reasoning traces, so peer ratios sit near 1; the reward looks at the
-  final answer only.
+  final answer only. ``arithmetic_trace_bracket`` is the same task with its warm-up solutions written differently
+  (``[5+7=12][8+4+1=13][2+3+1=6] so 632``), for agents that write their traces in another style.
 
 Every dataset has a conversational ``prompt`` column (so each agent applies its own chat template) and an
 ``answer`` column that the rewards compare against.
@@ -23,6 +24,8 @@ __all__ = [
     "BOXED_INSTRUCTION",
     "TASKS",
     "arithmetic_splits",
+    "TRACE_STYLES",
+    "bracket_trace_splits",
     "load_any_dataset",
     "math_dataset",
     "task_splits",
@@ -55,15 +58,30 @@ def arithmetic_splits(seed: int = 0, max_operand: int = 49, test_size: int = 300
     }
 
 
-def trace_solution(a: int, b: int, digits: int = 3) -> str:
-    """The worked solution of ``a+b``: one ``x+y(+carry)=s`` step per digit, least significant first, then
-    ``so <sum>``. Operands are padded with zeros to ``digits`` digits; the first step has no carry term."""
+TRACE_STYLES = ("steps", "bracket")
+
+
+def trace_solution(a: int, b: int, digits: int = 3, style: str = "steps") -> str:
+    """The worked solution of ``a+b``, least significant digit first, then ``so <sum>``. Operands are padded with
+    zeros to ``digits`` digits; the first step has no carry term.
+
+    Two ways of writing the same reasoning (the ``style`` pair: agents warm-started on different formats, as a Base
+    and an Instruct model write differently), with the same final answer and reward:
+
+    * ``steps``: ``7+5=12, 4+8+1=13, 3+2+1=6, so 632``;
+    * ``bracket``: ``[5+7=12][8+4+1=13][2+3+1=6] so 632`` (second operand first, bracketed, no commas).
+    """
+    if style not in TRACE_STYLES:
+        raise ValueError(f"unknown trace style {style!r}; available: {list(TRACE_STYLES)}")
     xs, ys = str(a).zfill(digits)[::-1], str(b).zfill(digits)[::-1]
     steps, carry = [], 0
     for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
         total = int(x) + int(y) + carry
-        steps.append(f"{x}+{y}={total}" if i == 0 else f"{x}+{y}+{carry}={total}")
+        first, second = (x, y) if style == "steps" else (y, x)
+        steps.append(f"{first}+{second}={total}" if i == 0 else f"{first}+{second}+{carry}={total}")
         carry = total // 10
+    if style == "bracket":
+        return "".join(f"[{step}]" for step in steps) + f" so {a + b}"
     return ", ".join(steps) + f", so {a + b}"
 
 
@@ -74,10 +92,12 @@ def trace_splits(
     validation_size: int = 300,
     warmup_size: int = 4000,
     train_size: int = 4000,
+    style: str = "steps",
 ) -> dict[str, Dataset]:
     """Disjoint ``warmup`` / ``train`` / ``validation`` / ``test`` splits of ``arithmetic_trace``.
 
-    ``warmup`` rows carry the worked solution in ``solution`` (supervised warm-start of the built-in agents);
+    ``warmup`` rows carry the worked solution, written in ``style``, in ``solution`` (supervised warm-start of the
+    built-in agents; the problems and answers do not depend on the style);
     ``answer`` is the sum alone, the only thing the reward checks. ``validation`` is carved from the RL side, for
     choosing settings without looking at ``test``.
     """  # fmt: skip
@@ -91,14 +111,26 @@ def trace_splits(
     rng.shuffle(ordered)
 
     def rows(chunk):
-        return Dataset.from_list([{**_problem(a, b), "solution": trace_solution(a, b, digits)} for a, b in chunk])
+        return Dataset.from_list(
+            [{**_problem(a, b), "solution": trace_solution(a, b, digits, style)} for a, b in chunk]
+        )
 
     cuts = [0, test_size, test_size + validation_size, test_size + validation_size + warmup_size, needed]
     names = ["test", "validation", "warmup", "train"]
     return {name: rows(ordered[lo:hi]) for name, lo, hi in zip(names, cuts[:-1], cuts[1:], strict=True)}
 
 
-TASKS = {"arithmetic": arithmetic_splits, "arithmetic_trace": trace_splits}
+def bracket_trace_splits(**kwargs) -> dict[str, Dataset]:
+    """``arithmetic_trace`` with its worked solutions written in the ``bracket`` style (same problems, answers and
+    reward): what the ``style`` pair's second agent is warm-started on."""
+    return trace_splits(style="bracket", **kwargs)
+
+
+TASKS = {
+    "arithmetic": arithmetic_splits,
+    "arithmetic_trace": trace_splits,
+    "arithmetic_trace_bracket": bracket_trace_splits,
+}
 
 
 def task_splits(task: str) -> dict[str, Dataset]:
