@@ -31,12 +31,12 @@ demo: $(VENV)/.installed
 	$(BIN)/accelerate launch --config_file accelerate_configs/cpu_2agents.yaml \
 		-m hacpo_trl.train --config recipes/tiny_$(DEMO_PAIR).yaml --output_dir $(DEMO_DIR) --max_steps 48 $(DEMO_ARGS)
 
-# Table 1 and the ablations in miniature on CPU: 3 pairs x 6 methods x 8 seeds plus ablations
+# Table 1 and the ablations in miniature on CPU: 4 pairs (state, size, model, style) x the grid's methods x 8 seeds plus ablations
 # -> benchmarks/RESULTS.md, results.json, learning_curves.png (`python benchmarks/reproduce.py --quick`: minutes)
 reproduce: $(VENV)/.installed
 	$(BIN)/python benchmarks/reproduce.py
 
-# Per-step cost of collaboration for 2-4 agents and G = 4, 8, 16 -> benchmarks/RESULTS.md
+# Cost of a step: GSPO, HACPO and GSPO x2 side by side on the trace pairs -> benchmarks/RESULTS.md
 overhead: $(VENV)/.installed
 	$(BIN)/python benchmarks/overhead.py
 

@@ -1,6 +1,6 @@
 """What a step costs: GSPO, HACPO and GSPO×2 side by side on the paper-regime pairs, same machine, one run.
 
-    python benchmarks/overhead.py            # the three pairs, 5 generation batches per run (about 15 min on 2 cores)
+    python benchmarks/overhead.py            # every pair, 5 generation batches per run (about 15 min on 2 cores)
     python benchmarks/overhead.py --quick    # the size pair, 3 generation batches per run
 
 Each pair (`recipes/tiny_<pair>.yaml`, the built-in warm-started agents) runs the three methods with the schedules of

@@ -48,7 +48,7 @@ from hacpo_trl.trainer import HACPOTrainer  # noqa: E402
 PASSES = ("old_logps", "ref_logps", "peer_scoring", "train")
 SETTINGS = ("padded", "trimmed", "grouped")
 LABELS = {
-    "padded": "padded (`trim_padding: false`, today)",
+    "padded": "padded (`trim_padding: false`, before issue 20)",
     "trimmed": "trimmed (`trim_padding: true`)",
     "grouped": "trimmed + `group_by_length: true`",
 }

@@ -22,8 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hacpo_trl.demo import PAIRS
+
 ROOT = Path(__file__).resolve().parents[1]
-PAIRS = ("state", "size", "model")
 
 
 def probe(pair: str, prompts: int, lb: float, output: Path) -> dict:

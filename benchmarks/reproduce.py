@@ -270,7 +270,13 @@ def main(argv: list[str] | None = None) -> int:
         help="JSON settings to try as the remedy (screen with --split validation)",
     )
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/runs/<split>-<steps>steps")
-    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="default: benchmarks/RESULTS.md for the held-out `test` split; a screen on another split writes to "
+        "benchmarks/screens/<split>-<steps>steps[-lrX]/RESULTS.md, so it never overwrites the held-out results",
+    )
     args = parser.parse_args(argv)
     if args.seeds is None:  # settings are chosen with seeds the held-out grid never uses
         args.seeds = list(range(100, 108)) if args.split == "validation" else list(range(8))
@@ -280,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     # finished runs are reused (an interrupted grid resumes), so runs of another length or split live elsewhere
     lr = "" if args.learning_rate is None else f"-lr{args.learning_rate:g}"
     args.out = args.out or ROOT / "benchmarks" / "runs" / f"{args.split}-{args.steps}steps{lr}"
+    if args.results is None:
+        screen = ROOT / "benchmarks" / "screens" / f"{args.split}-{args.steps}steps{lr}"
+        args.results = ROOT / "benchmarks" / "RESULTS.md" if args.split == "test" else screen / "RESULTS.md"
+    args.results.parent.mkdir(parents=True, exist_ok=True)
     if args.remedy is not None:
         REMEDY.clear()
         REMEDY.update(args.remedy)

@@ -109,15 +109,16 @@ def test_wandb_without_credentials_falls_back_to_offline_with_one_warning(no_wan
 
 
 def test_wandb_not_installed_stops_before_any_model_is_loaded(no_wandb_login, monkeypatch, capsys, tmp_path):
-    """Through `hacpo_trl.train.main`: the model path does not exist, so reaching the model load would fail with
-    another message; the tracker check comes first and exits 2 with one line."""
+    """Through `hacpo_trl.train.main`: the model is a Hub id that cannot be reached here, so reaching the model load
+    would fail with another message; the tracker check comes first and exits 2 with one line. (A local folder that
+    does not exist is refused even earlier, by the recipe's pre-load checks.)"""
     import importlib.util
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="wandb is not installed"):
         check_trackers(["wandb"])
     check_trackers("all")  # transformers picks the installed trackers
-    recipe = {"agents": [{"name": "a", "model_name_or_path": str(tmp_path / "nowhere")}], "report_to": "wandb"}
+    recipe = {"agents": [{"name": "a", "model_name_or_path": "nobody/nowhere"}], "report_to": "wandb"}
     recipe |= {"output_dir": str(tmp_path / "out"), "use_cpu": True, "bf16": False, "task": "arithmetic_trace"}
     recipe |= {"reward_funcs": ["arithmetic_trace"]}
     path = tmp_path / "r.yaml"

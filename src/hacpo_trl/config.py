@@ -16,11 +16,11 @@ from .topology import AgentTopology, init_agent_worlds
 
 __all__ = ["AgentSpec", "HACPOConfig"]
 
-# Settings that must be equal for every agent: peer log-probs are only comparable under the same sampling
-# distribution, and every agent must reach every exchange the same number of times with the same prompts.
 # TRL's losses whose row weights do not depend on the micro-batch's other rows (row count fixed, or a global token count)
 LENGTH_GROUPABLE_LOSSES = ("grpo", "dr_grpo", "dapo", "cispo", "sapo")
 
+# Settings that must be equal for every agent: peer log-probs are only comparable under the same sampling
+# distribution, and every agent must reach every exchange the same number of times with the same prompts.
 SHARED_SETTINGS = (
     "temperature",
     "top_p",

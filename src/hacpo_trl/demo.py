@@ -129,7 +129,7 @@ class _WarmStart:
         self.generator = torch.Generator().manual_seed(spec.seed)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0)
         self.validation = validation_rows(spec.task)
-        trace = spec.task == "arithmetic_trace"
+        trace = spec.task.startswith("arithmetic_trace")  # either worked-solution format
         self.reward = REWARD_FUNCS["arithmetic_trace" if trace else "arithmetic_exact"]
         self.max_new_tokens = 40 if trace else 6  # as the demo recipes generate
         self.steps = 0

@@ -441,9 +441,9 @@ def main(argv: list[str] | None = None) -> int:
             return _launch(argv)
         return _run(argv)
     except (RecipeError, ValueError) as exc:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"hacpo-probe: error: {exc}", file=sys.stderr)
-        return 2
+        from .train import refuse  # one line per launch however the ranks race, as hacpo-train
+
+        return refuse(exc, prog="hacpo-probe")
 
 
 def cli() -> None:

@@ -30,10 +30,14 @@ import yaml
 __all__ = [
     "HACPOScriptArguments",
     "RecipeError",
+    "check_output_dir",
     "check_recipe",
     "cli_overrides",
     "config_path",
     "load_recipe",
+    "looks_local",
+    "numbers_as_values",
+    "preflight",
 ]
 
 

@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             preflight(effective, num_processes=launched)  # every rank, before any ML library is imported
             check_output_dir(effective)
             _place(recipe, world)  # before anything imports trl (and maybe CUDA)
-            check_recipe(recipe, num_processes=launched)
+            check_recipe(effective, num_processes=launched)  # as the flags leave it
             _filter_library_warnings(recipe, argv)
         from trl import TrlParser
 
