@@ -277,7 +277,7 @@ def test_plan_command_exits_nonzero_with_the_reason(tmp_path, hub_cache):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**env, "HF_HUB_CACHE": str(tmp_path)})
     assert proc.returncode == 2
     assert "cannot read config.json of 'Qwen/Qwen3-4B'" in proc.stderr
-    assert "huggingface-cli download Qwen/Qwen3-4B config.json" in proc.stderr
+    assert "hf download Qwen/Qwen3-4B config.json" in proc.stderr  # the command huggingface_hub installs
 
 
 def test_plan_refuses_two_agents_on_one_vllm_server(tmp_path, capsys):
