@@ -1,7 +1,7 @@
 """What a step costs: GSPO, HACPO and GSPO×2 side by side on the paper-regime pairs, same machine, one run.
 
     python benchmarks/overhead.py            # every pair, 5 generation batches per run (about 15 min on 2 cores)
-    python benchmarks/overhead.py --quick    # the size pair, 3 generation batches per run
+    python benchmarks/overhead.py --quick    # the size pair (or --pairs ...), 3 generation batches per run
 
 Each pair (`recipes/tiny_<pair>.yaml`, the built-in warm-started agents) runs the three methods with the schedules of
 `benchmarks/reproduce.py` (8 prompts per step): GSPO draws 8 completions per prompt and trains on them (2 updates per
@@ -101,12 +101,15 @@ def run_pair(pair: str, order: tuple[str, ...], batches: int, work: Path) -> dic
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--pairs", nargs="+", default=list(PAIRS))
+    parser.add_argument(
+        "--pairs", nargs="+", choices=list(PAIRS), default=None, help="default: every pair; the size pair with --quick"
+    )
     parser.add_argument("--steps", type=int, default=5, help="generation batches per run (the first is warm-up)")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
     args = parser.parse_args(argv)
     if args.quick:
-        args.pairs, args.steps = ["size"], min(args.steps, 3)
+        args.pairs, args.steps = args.pairs or ["size"], min(args.steps, 3)
+    args.pairs = args.pairs or list(PAIRS)
     args.steps = max(args.steps, 2)
 
     started = time.perf_counter()

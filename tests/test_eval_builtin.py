@@ -14,14 +14,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_eval_reproduces_the_runs_held_out_accuracy_and_refuses_the_other_task(tmp_path):
     out = tmp_path / "demo"
     run = accelerate_launch(
-        2, "-m", "hacpo_trl.train", "--config", str(ROOT / "recipes" / "tiny_size.yaml"),
+        2, "-m", "hacpo_trl.train", "--config", str(ROOT / "recipes" / "tiny_state.yaml"),
         "--output_dir", str(out), "--max_steps", "1", "--eval_samples", "24", "--plot", "false", timeout=900,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-4000:]
     summary = json.loads((out / "hacpo_summary.json").read_text())
     agents = sorted(summary)
-    assert agents == ["trace-large", "trace-small"]
-    record = json.loads((out / "trace-small" / "hacpo_task.json").read_text())
+    assert agents == ["trace-base", "trace-instruct"]
+    record = json.loads((out / "trace-base" / "hacpo_task.json").read_text())
     assert record["task"] == "arithmetic_trace" and record["eval_samples"] == 24
 
     # the README's command, after the demo: no --benchmark, so each agent's own task and held-out problems

@@ -1,5 +1,5 @@
 """`hacpo-probe`: the numbers it reports (hand-worked), its red flags, that its peer ratios are the trainer's own,
-and two real launches: the size pair (every field) and SmolLM2 + tiny-llama (no peer row in the band)."""
+and two real launches: the state pair (every field) and SmolLM2 + tiny-llama (no peer row in the band)."""
 
 import json
 import os
@@ -123,25 +123,25 @@ def _env():
 
 
 @pytest.fixture(scope="module")
-def size_pair(tmp_path_factory):
-    """The probe on the size pair (4 prompts), then each trainer's own loss on the probe's generation batch."""
+def state_pair(tmp_path_factory):
+    """The probe on the state pair (4 prompts), then each trainer's own loss on the probe's generation batch."""
     from conftest import accelerate_launch
 
-    out = tmp_path_factory.mktemp("probe_size")
+    out = tmp_path_factory.mktemp("probe_state")
     proc = accelerate_launch(
-        2, "probe_vs_trainer.py", str(out), "--config", str(ROOT / "recipes" / "tiny_size.yaml"), "--prompts", "4",
+        2, "probe_vs_trainer.py", str(out), "--config", str(ROOT / "recipes" / "tiny_state.yaml"), "--prompts", "4",
         "--output", str(out / "probe.json"), timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-6000:]
     return out, proc.stdout
 
 
-def test_probe_ratio_is_the_trainers_logged_ratio_for_the_same_row(size_pair):
+def test_probe_ratio_is_the_trainers_logged_ratio_for_the_same_row(state_pair):
     """The probe scores each peer row with the trainer's code: the ratio it reports for a fixed completion (the
     same generation batch) equals the ratio the trainer logs for that row in its first update."""
-    out, _ = size_pair
+    out, _ = state_pair
     results = [json.loads(p.read_text()) for p in sorted(out.glob("ratios-*.json"))]
-    assert sorted(r["agent"] for r in results) == ["trace-large", "trace-small"]
+    assert sorted(r["agent"] for r in results) == ["trace-base", "trace-instruct"]
     inside = outside = 0
     for r in results:
         assert r["lower_bound"] == pytest.approx(0.8)
@@ -152,18 +152,18 @@ def test_probe_ratio_is_the_trainers_logged_ratio_for_the_same_row(size_pair):
     assert inside and outside  # both of the trainer's paths: rows in the gradient pass and rows left out of it
 
 
-def test_probe_on_the_size_pair_prints_the_table_and_writes_every_field(size_pair):
-    out, stdout = size_pair
-    assert "| trace-large <- trace-small | 32 |" in stdout and "| trace-small <- trace-large | 32 |" in stdout
+def test_probe_on_the_state_pair_prints_the_table_and_writes_every_field(state_pair):
+    out, stdout = state_pair
+    assert "| trace-instruct <- trace-base | 32 |" in stdout and "| trace-base <- trace-instruct | 32 |" in stdout
     report = json.loads((out / "probe.json").read_text())
     assert report["band"] == [0.8, 1.0] and report["prompts"] == 4 and report["num_generations"] == 8
     assert report["backend"] == "transformers generate"
-    assert set(report["agents"]) == {"trace-large", "trace-small"}
+    assert set(report["agents"]) == {"trace-instruct", "trace-base"}
     for a in report["agents"].values():
         assert a["completions"] == 32 and 0 <= a["accuracy"] <= 1 and 0 <= a["truncation_rate"] <= 1
     assert [(p["learner"], p["generator"]) for p in report["pairs"]] == [
-        ("trace-large", "trace-small"),
-        ("trace-small", "trace-large"),
+        ("trace-instruct", "trace-base"),
+        ("trace-base", "trace-instruct"),
     ]
     for p in report["pairs"]:
         assert p["rows"] == 32
