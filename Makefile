@@ -43,8 +43,11 @@ overhead: $(VENV)/.installed
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
 
+# Two test workers (pytest-xdist), one test file each at a time: most tests are real multi-process launches that
+# spend part of their time waiting (start-up, exchange timeouts, one agent generating while the other waits), so two
+# at once keep both cores busy. Every test also passes alone (`pytest tests/test_x.py`) and on a loaded machine.
 test:
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile
 
 lint:
 	$(BIN)/ruff check src tests

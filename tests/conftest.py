@@ -48,13 +48,18 @@ def accelerate_launch(num_processes: int, script: str, *args: str, timeout: floa
 
     ``script`` is a file in tests/scripts, or ``"-m"`` followed by a module name in ``args``.
     """
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--multi_gpu", "--num_processes", str(num_processes), "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-        *([str(SCRIPTS / script)] if script.endswith(".py") else [script]), *args,
-    ]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=hang_guard(timeout))
+    for _ in range(3):
+        cmd = [
+            sys.executable, "-m", "accelerate.commands.launch",
+            "--multi_gpu", "--num_processes", str(num_processes), "--num_machines", "1",
+            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+            *([str(SCRIPTS / script)] if script.endswith(".py") else [script]), *args,
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=hang_guard(timeout))
+        # the free port was taken between our check and the launch's bind (another test worker's launch): again
+        if proc.returncode == 0 or "address already in use" not in proc.stderr.lower():
+            return proc
+    return proc
 
 
 def summaries(out: Path) -> list[dict]:
@@ -72,10 +77,16 @@ def launch():
     return run
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def builtin_cache(tmp_path_factory):
-    """One cache of the built-in demo agents for the whole session (they are built on first use)."""
-    path = tmp_path_factory.mktemp("hacpo_cache")
+    """One cache of the built-in agents for the whole session, built on first use, never the user's own: shared by
+    the test workers of `make test` (pytest-xdist), which wait for each other's builds (`hacpo_trl.cache.build_lock`).
+    Every test and every process it starts sees it through ``HACPO_CACHE``."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker has its own base below the session's
+        root = root.parent
+    path = root / "hacpo_cache"
+    path.mkdir(exist_ok=True)
     os.environ["HACPO_CACHE"] = str(path)
     return path
 

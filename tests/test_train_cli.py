@@ -1,6 +1,7 @@
 """The `hacpo-train` entry point: recipe checks, every shipped recipe and accelerate config, and the CPU demo."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import accelerate_launch
+from conftest import accelerate_launch, hang_guard
 from hacpo_trl.train import RecipeError, check_recipe, load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,3 +206,37 @@ def test_builtin_agents_rebuild_identically_from_their_seed(tmp_path, builtin_ca
     assert cached != fresh
     a, b = load_file(cached / "model.safetensors"), load_file(fresh / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_processes_that_need_the_same_agent_build_it_once(tmp_path, monkeypatch, capsys):
+    """Every process of a launch (and every test worker) resolves its agents: the first builds, the others wait for
+    it and reuse its folder instead of building the same agent again on the same cores."""
+    import threading
+
+    from hacpo_trl import demo
+
+    building, release, calls, folders = threading.Event(), threading.Event(), [], []
+
+    def fake_build(name, spec, folder):
+        calls.append(name)
+        building.set()
+        assert release.wait(hang_guard(120))
+        os.makedirs(folder)
+        Path(folder, "config.json").write_text("{}")
+
+    monkeypatch.setattr(demo, "_build", fake_build)
+    directory = str(tmp_path / "agent")
+    first = threading.Thread(target=lambda: folders.append(demo.build_agent("tiny-llama", directory)))
+    first.start()
+    assert building.wait(hang_guard(120))
+    second = threading.Thread(target=lambda: folders.append(demo.build_agent("tiny-llama", directory)))
+    second.start()
+    seen = ""
+    while "waiting for another process that is building agent" not in seen and second.is_alive() and len(calls) == 1:
+        seen += capsys.readouterr().err
+        second.join(0.05)
+    assert second.is_alive(), "the second process did not wait for the build"
+    release.set()
+    first.join(hang_guard(120))
+    second.join(hang_guard(120))
+    assert calls == ["tiny-llama"] and folders == [directory, directory]

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import sys
 from dataclasses import asdict
 
-__all__ = ["cache_folder", "cache_root"]
+__all__ = ["build_lock", "cache_folder", "cache_root"]
 
 
 def cache_root() -> str:
@@ -29,3 +31,23 @@ def builtin_name(path: str | None) -> str | None:
         return None
     name, _, digest = os.path.basename(os.path.normpath(path)).rpartition("-")
     return f"builtin:{name}" if name and len(digest) == 10 and all(c in "0123456789abcdef" for c in digest) else None
+
+
+@contextlib.contextmanager
+def build_lock(folder: str):
+    """Held while a built-in model is checked for and built: every process of a launch (and every test worker) that
+    needs the same model waits for the one building it, then finds it built, instead of building it again on the
+    same cores. An flock: released by the system if the builder dies, so a killed build never blocks the next."""
+    from filelock import FileLock, Timeout
+
+    os.makedirs(os.path.dirname(os.path.abspath(folder)), exist_ok=True)
+    lock = FileLock(f"{folder}.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(f"hacpo: waiting for another process that is building {os.path.basename(folder)}", file=sys.stderr)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()

@@ -31,13 +31,14 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 
-from .cache import cache_folder
+from .cache import build_lock, cache_folder
 from .tasks import task_splits
 from .tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
 
@@ -244,7 +245,6 @@ def _as_loaded(model, tok, folder: str):
 def _remove_stale_builds(folder: str) -> None:
     """Remove ``<folder>.tmp-PID-...`` left by builds that were killed (their process is gone)."""
     import glob
-    import shutil
 
     for tmp in glob.glob(glob.escape(folder) + ".tmp-*-*"):
         pid = tmp.rsplit(".tmp-", 1)[1].split("-")[0]
@@ -275,6 +275,13 @@ def build_agent(name: str, directory: str | None = None) -> str:
     folder = cache_folder(name, spec, version if spec.after else CACHE_VERSION, directory)
     if os.path.isfile(os.path.join(folder, "config.json")):
         return folder
+    with build_lock(folder):
+        if not os.path.isfile(os.path.join(folder, "config.json")):  # not built by the process we waited for
+            _build(name, spec, folder)
+    return folder
+
+
+def _build(name: str, spec: DemoAgent, folder: str) -> None:
     _remove_stale_builds(folder)
     torch.manual_seed(spec.seed)
     built = char_tokenizer() if spec.architecture == "llama" else bpe_tokenizer()
@@ -294,13 +301,9 @@ def build_agent(name: str, directory: str | None = None) -> str:
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     os.makedirs(os.path.dirname(folder) or ".", exist_ok=True)
-    try:
-        os.replace(tmp, folder)  # atomic: a concurrent or interrupted build never leaves a half-written agent
-    except OSError:
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
-    return folder
+    if os.path.isdir(folder):  # a folder without its config.json: not a build of ours, never complete
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)  # atomic: an interrupted build never leaves a half-written agent
 
 
 def resolve_model(name_or_path: str) -> str:

@@ -92,7 +92,7 @@ def _model_card(name: str, spec: PretrainedModel) -> str:
 
 def build_pretrained(name: str, directory: str | None = None) -> str:
     """The folder of a built-in pretrained model (converted from its package's GGUF on first use)."""
-    from .cache import cache_folder
+    from .cache import build_lock, cache_folder
 
     if name not in PRETRAINED:
         raise ValueError(f"unknown built-in pretrained model {name!r}; available: {sorted(PRETRAINED)}")
@@ -101,6 +101,14 @@ def build_pretrained(name: str, directory: str | None = None) -> str:
     if os.path.isfile(os.path.join(folder, PROVENANCE_FILE)):  # written last: the folder is complete
         return folder
     path = _gguf_path(name, spec)
+    with build_lock(folder):
+        if not os.path.isfile(os.path.join(folder, PROVENANCE_FILE)):  # not built by the process we waited for
+            _convert(name, spec, path, folder)
+    return folder
+
+
+def _convert(name: str, spec: PretrainedModel, path: str, folder: str) -> None:
+    """The GGUF file dequantized to an ordinary float32 model folder, its tokenizer checked against the GGUF one."""
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -124,11 +132,9 @@ def build_pretrained(name: str, directory: str | None = None) -> str:
     with open(os.path.join(tmp, PROVENANCE_FILE), "w") as f:
         json.dump({"builtin": name, **asdict(spec)}, f, indent=2)
     os.makedirs(os.path.dirname(folder) or ".", exist_ok=True)
-    try:
-        os.replace(tmp, folder)  # atomic: a concurrent or interrupted build never leaves a half-written model
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
-    return folder
+    if os.path.isdir(folder):  # a folder left without its provenance file (an older, interrupted copy)
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)  # atomic: an interrupted conversion never leaves a half-written model
 
 
 def original_model(path: str | None) -> str | None:
