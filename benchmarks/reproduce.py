@@ -134,9 +134,49 @@ def _argv(pair: str, name: str, settings: dict, updates: int, seed: int, args) -
     ]  # fmt: skip
 
 
+AGENTS_RECORD = "agents.json"  # in <out>/<pair>/: what the pair's agents were built to when its runs were made
+
+
+def _built_agents(pair: str) -> dict[str, dict]:
+    """The pair's built-in agents as built here (building them if the cache has none): cache folder, steps, validation
+    accuracy and band from each agent's ``hacpo_build.json``."""
+    from hacpo_trl.demo import build_agent, build_record
+
+    built = {}
+    for agent in PAIRS[pair]:
+        folder = build_agent(agent)
+        record = build_record(folder) or {}
+        keep = ("steps", "validation_accuracy", "band")
+        built[agent] = {"folder": Path(folder).name, **{k: record.get(k) for k in keep}}
+    return built
+
+
+def check_reused_agents(out: Path, pair: str, finished: int) -> None:
+    """Finished runs are reused only with the agents they were trained from. Built-in agents are built to a band, not
+    bit for bit, so another machine (or a changed spec) builds other agents from the same recipe: mixing its runs with
+    these would pair seeds across different starting points. Refuse, naming what differs."""
+    path = out / pair / AGENTS_RECORD
+    if not finished:
+        return
+    if not path.exists():
+        raise SystemExit(
+            f"reproduce: {finished} finished runs in {out / pair} have no {AGENTS_RECORD}, so the agents they were "
+            "trained from are unknown; move them away or pass another --out"
+        )
+    saved, here = json.loads(path.read_text()), _built_agents(pair)
+    if saved != here:
+        raise SystemExit(
+            f"reproduce: the {finished} finished runs in {out / pair} were trained from other agents than the ones "
+            f"built here ({path}: {saved}; here: {here}); pass another --out to run this pair from the agents built "
+            "here"
+        )
+
+
 def run_pair(pair: str, jobs: list[tuple[str, dict, int, int]], args, started: float) -> dict[str, dict[int, dict]]:
-    """Every run of one pair in one launch (`_worker.py`); runs already finished (a summary exists) are skipped."""
+    """Every run of one pair in one launch (`_worker.py`); runs already finished (a summary exists) are skipped, when
+    they were made from the agents built here (`check_reused_agents`)."""
     todo = [j for j in jobs if not (_folder(args.out, pair, j[0], j[3]) / "hacpo_summary.json").exists()]
+    check_reused_agents(args.out, pair, finished=len(jobs) - len(todo))
     if todo:
         jobs_file = args.out / f"{pair}-jobs.json"
         jobs_file.write_text(json.dumps([_argv(pair, *job, args) for job in todo]))
@@ -153,6 +193,10 @@ def run_pair(pair: str, jobs: list[tuple[str, dict, int, int]], args, started: f
                 if line.startswith("done: "):
                     print(f"[{time.perf_counter() - started:6.0f}s]   {line[6:].strip()}", flush=True)
             proc.wait()
+        record = args.out / pair / AGENTS_RECORD
+        done = [j for j in todo if (_folder(args.out, pair, j[0], j[3]) / "hacpo_summary.json").exists()]
+        if done and not record.exists():  # the launch built the agents (or found them cached): record what they were
+            record.write_text(json.dumps(_built_agents(pair), indent=1, sort_keys=True) + "\n")
         if proc.returncode != 0:
             text = log.read_text()
             raise RuntimeError(f"{pair} failed ({log}):\n{text[text.find('Traceback') :][:3000] or text[-3000:]}")

@@ -24,7 +24,8 @@ def test_reproduce_and_overhead_write_their_sections(tmp_path, builtin_cache):
     )  # fmt: skip
     assert reproduce.returncode == 0, reproduce.stderr[-3000:] + reproduce.stdout[-3000:]
     overhead = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--quick", "--steps", "4", "--results", str(results)],
+        [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--quick", "--pairs", "state", "--steps", "4",
+         "--results", str(results)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert overhead.returncode == 0, overhead.stderr[-3000:]
@@ -68,11 +69,12 @@ def test_reproduce_and_overhead_write_their_sections(tmp_path, builtin_cache):
     assert report["recommended"] is None and report["methods"]["GSPO"]["share_rollouts"] is False
     assert "GSPO on the `test` split by generation batch" in text
     assert (tmp_path / "learning_curves.png").stat().st_size > 10_000
-    # the cost of a step (issue 20): GSPO, HACPO and GSPO x2 side by side on the size pair, per generation batch and
-    # per trained row, with the shares of generating, waiting, exchange and loss+backward and the load
-    for agent in ("trace-large", "trace-small"):
+    # the cost of a step (issue 20): GSPO, HACPO and GSPO x2 side by side (on the state pair, whose agents reproduce
+    # has built: the suite builds no more agents than it needs), per generation batch and per trained row, with the
+    # shares of generating, waiting, exchange and loss+backward and the load
+    for agent in ("trace-instruct", "trace-base"):
         for method in ("GSPO", "HACPO", "GSPO×2"):
-            row = rf"\| size \| {agent} \| {re.escape(method)} \| \d+\.\d\d \| \d+\.\d \| \d+% \| \d+% \| \d+\.\d% \| \d+% \|"
+            row = rf"\| state \| {agent} \| {re.escape(method)} \| \d+\.\d\d \| \d+\.\d \| \d+% \| \d+% \| \d+\.\d% \| \d+% \|"
             assert re.search(row, text), (agent, method)
 
 
@@ -96,3 +98,25 @@ def test_method_settings_name_the_pairs_stronger_agent_and_the_run_length(tmp_pa
     assert all(bands[reproduce.STRONGER[p]] == max(bands[n] for n in reproduce.PAIRS[p]) for p in reproduce.PAIRS)
     assert all(m.startswith("HACPO") for m in reproduce.CANDIDATES)
     assert reproduce.RECOMMENDED is None or reproduce.RECOMMENDED.startswith("HACPO")
+
+
+def test_finished_runs_are_reused_only_with_the_agents_they_were_trained_from(tmp_path, monkeypatch):
+    """Built-in agents are built to a band, so another machine builds other agents from the same recipe: committed
+    runs of this machine must not be paired with runs from those."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+
+    here = {"trace-instruct": {"folder": "trace-instruct-1", "steps": 451, "validation_accuracy": 0.46, "band": [0.45, 0.55]},
+            "trace-base": {"folder": "trace-base-2", "steps": 330, "validation_accuracy": 0.25, "band": [0.2, 0.3]}}  # fmt: skip
+    monkeypatch.setattr(reproduce, "_built_agents", lambda pair: json.loads(json.dumps(here)))
+    reproduce.check_reused_agents(tmp_path, "state", finished=0)  # nothing to reuse: nothing to check
+    with pytest.raises(SystemExit, match=r"3 finished runs in .*state have no agents\.json"):
+        reproduce.check_reused_agents(tmp_path, "state", finished=3)
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "agents.json").write_text(json.dumps(here))
+    reproduce.check_reused_agents(tmp_path, "state", finished=3)  # the same agents: reused
+    elsewhere = json.loads(json.dumps(here))
+    elsewhere["trace-base"] |= {"steps": 340, "validation_accuracy": 0.27}
+    (tmp_path / "state" / "agents.json").write_text(json.dumps(elsewhere))
+    with pytest.raises(SystemExit, match=r"trained from other agents than the ones built here .*'steps': 340"):
+        reproduce.check_reused_agents(tmp_path, "state", finished=3)
