@@ -24,7 +24,7 @@ def test_reproduce_and_overhead_write_their_sections(tmp_path, builtin_cache):
     )  # fmt: skip
     assert reproduce.returncode == 0, reproduce.stderr[-3000:] + reproduce.stdout[-3000:]
     overhead = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--quick", "--pairs", "state", "--steps", "4",
+        [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--quick", "--pairs", "state", "--steps", "2",
          "--results", str(results)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
