@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from hacpo_trl.placement import free_port  # noqa: F401  (the scripts' launches)
 
 
 def write_section(results: Path, name: str, lines: list[str]) -> None:

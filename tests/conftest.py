@@ -8,12 +8,13 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import json  # noqa: E402
-import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+
+from hacpo_trl.placement import free_port  # noqa: E402
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -35,12 +36,6 @@ def pytest_collection_modifyitems(config, items):
         seconds = float(mark.args[0]) if mark is not None and mark.args else default
         if seconds > 0:
             item.add_marker(pytest.mark.timeout(hang_guard(seconds)), append=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def accelerate_launch(num_processes: int, script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

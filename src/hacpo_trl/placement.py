@@ -14,11 +14,12 @@ nodes gets different agent-local ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` and devic
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Placement", "agent_slot", "compute_placement", "place_process", "process_counts"]
+__all__ = ["Placement", "agent_slot", "compute_placement", "free_port", "place_process", "process_counts"]
 
 
 @dataclass(frozen=True)
@@ -147,3 +148,11 @@ def process_counts(recipe: Mapping) -> list[int] | None:
             return None
         counts.append(count)
     return counts
+
+
+def free_port() -> int:
+    """A local port nobody listens on now, for the rendezvous of a single-machine launch (the probe's, the benchmarks'
+    and the tests'). Another process may take it before the launch binds it: callers that can retry do."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

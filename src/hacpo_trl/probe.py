@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -385,15 +384,9 @@ def _report(trainer, everyone: list[dict], records, probe_args) -> dict:
 # ---------------------------------------------------------------------------------------------- launching
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(argv: list[str]) -> int:
     """Run bare: start the launch training would use, one process per agent process of the recipe."""
-    from .placement import process_counts
+    from .placement import free_port, process_counts
     from .recipe import RecipeError, check_recipe, config_path, load_recipe
 
     path = config_path(argv)
@@ -407,7 +400,7 @@ def _launch(argv: list[str]) -> int:
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(sum(counts)),
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(_free_port()), "-m", "hacpo_trl.probe", *argv,
+        "--main_process_port", str(free_port()), "-m", "hacpo_trl.probe", *argv,
     ]  # fmt: skip
     return subprocess.run(cmd).returncode
 
