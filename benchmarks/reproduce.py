@@ -44,6 +44,7 @@ from _common import free_port, provenance, write_section  # noqa: E402
 from hacpo_trl.demo import PAIRS  # noqa: E402
 
 PROMPTS_PER_STEP = 8
+EVALUATED = {"test": "500 held-out", "validation": "300 validation"}  # arithmetic_trace's splits (eval_samples 500)
 HACPO_SCHEDULE = {"per_device_train_batch_size": 16, "steps_per_generation": 4}
 
 # the library's documented remedy for the agent the paper's rule harms: train on correct peer rows only. Chosen on
@@ -468,7 +469,8 @@ def _markdown(report, args, methods, run_seconds, argv) -> list[str]:
         provenance("reproduce.py", sys.argv[1:] if argv is None else argv, run_seconds)
         + f" Seeds {args.seeds}, {args.steps} steps of 8 prompts, evaluated on the `{args.split}` split.",
         "",
-        "Greedy accuracy on the 500 held-out problems after training, mean ± std over seeds; Δ vs GSPO is the mean "
+        f"Greedy accuracy on the {EVALUATED[args.split]} problems after training, mean ± std over seeds; Δ vs GSPO is "
+        "the mean "
         "paired difference (same seed: same prompts, same initial agents) with its 95% t-interval. Rollouts: "
         "completions each agent generates per step; updates: optimizer updates per generation batch. Peer rows "
         "(learner = this agent): median / geometric mean of the peer ratio s and the share of rows in the band "
