@@ -30,6 +30,8 @@ def main() -> None:
         check_recipe(load_recipe(argv[argv.index("--config") + 1]), num_processes=launch_size)
         script_args, config = TrlParser((HACPOScriptArguments, HACPOConfig)).parse_args_and_config(argv)
         start = time.perf_counter()
+        # `_run`, not `hacpo_trl.train.main`: no check that the output folder is empty, on purpose (reproduce.py
+        # gives each run its own folder and skips runs whose summary exists; a run it starts again was unfinished)
         _run(script_args, config, get_reward_funcs(script_args.reward_funcs), shutdown=False)
         if current_topology().global_rank == 0:  # the summary is written by global rank 0 at the end of the run
             root = os.path.dirname(os.path.normpath(config.output_dir))
