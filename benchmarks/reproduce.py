@@ -46,6 +46,8 @@ from hacpo_trl.demo import PAIRS  # noqa: E402
 PROMPTS_PER_STEP = 8
 EVALUATED = {"test": "500 held-out", "validation": "300 validation"}  # arithmetic_trace's splits (eval_samples 500)
 HACPO_SCHEDULE = {"per_device_train_batch_size": 16, "steps_per_generation": 4}
+# a learner that learns from no one at a batch keeps the mini-batch of 32 rows: 2 updates, GSPO's schedule exactly
+SOLO = {"solo_steps_per_generation": 2}
 
 # the library's documented remedy for the agent the paper's rule harms: train on correct peer rows only. Chosen on
 # the validation split (state pair, seeds 100-102, 12 steps; RESULTS.md) among the candidates listed there, by the
@@ -86,6 +88,11 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
     "HACPO correct + gate 1.0": ({"peer_filter": "correct", "capability_gate": 1.0, **HACPO_SCHEDULE}, 8, 4),
     "HACPO correct + directed": ({"peer_filter": "correct", "learn_from": "{stronger}", **HACPO_SCHEDULE}, 8, 4),
     "HACPO correct + fade": ({"peer_filter": "correct", "peer_fade_steps": "{run}", **HACPO_SCHEDULE}, 8, 4),
+    # a learner gated off trains as GSPO with the paper's schedule (2 updates of 32 own rows, not 4 of 16)
+    "HACPO gate 1.0 + GSPO solo updates": ({"capability_gate": 1.0, **SOLO, **HACPO_SCHEDULE}, 8, 4),
+    "HACPO correct + gate 1.0 + GSPO solo updates": (
+        {"peer_filter": "correct", "capability_gate": 1.0, **SOLO, **HACPO_SCHEDULE}, 8, 4,
+    ),
 }  # fmt: skip
 METHODS |= CANDIDATES
 # the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset

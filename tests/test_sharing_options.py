@@ -154,6 +154,12 @@ def test_learn_from_and_gate_resolve_per_agent(tmp_path):
         ({"agents": {"solo": {"overrides": {"peer_filter": "best"}}}}, r"agent 'solo': `peer_filter` .* 'best'"),
         ({"peer_fade_steps": -3}, r"`peer_fade_steps` must be an integer >= 0, got -3"),
         ({"agents": {"solo": {"overrides": {"peer_fade_steps": 2.5}}}}, r"agent 'solo': `peer_fade_steps` .* 2.5"),
+        ({"steps_per_generation": 4, "solo_steps_per_generation": 3}, r"divides `steps_per_generation` \(4\).* got 3"),
+        ({"steps_per_generation": 4, "solo_steps_per_generation": 0}, r"`solo_steps_per_generation` .* got 0"),
+        (
+            {"steps_per_generation": 4, "gradient_accumulation_steps": 2, "solo_steps_per_generation": 1},
+            r"multiple of `gradient_accumulation_steps` \(2\), got 1",
+        ),
     ],
 )
 def test_bad_sharing_options_are_refused_naming_the_value(tmp_path, kwargs, match):
@@ -284,6 +290,38 @@ def test_an_agent_that_learns_from_no_one_trains_exactly_as_gspo(learns_from_non
     assert any(e.get("clip_ratio/region_mean", 0) > 0 for e in reference.state.log_history)  # the clip acted
     trl_losses = [e["loss"] for e in reference.state.log_history if "loss" in e]
     assert _metric(llama, "loss") == pytest.approx(trl_losses, rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.timeout(900)
+def test_a_solo_learner_with_the_papers_mini_batch_trains_exactly_as_gspo_with_the_papers_schedule(tmp_path, launch):
+    """`solo_steps_per_generation: 2` with the sharing schedule (4 updates of 2 rows per generation batch of 8): a
+    learner that learns from no one makes 2 updates of 4 own rows per batch, and the other 2 take no optimizer
+    step at all (no AdamW momentum step). Its parameters after 4 generation batches (16 micro-steps) equal TRL's
+    GSPO with `steps_per_generation: 2` and 4 rows per update (8 updates) from the same base and seed, and its
+    logged losses are TRL's at the updates it made and 0 at the skipped ones."""
+    from conftest import summaries
+    from transformers import AutoModelForCausalLM
+
+    launch(2, "train_agents.py", "--out", str(tmp_path / "run"), "--steps", "16", "--steps_per_generation", "4",
+           "--learning_rate", "0.2", "--override", '0:learn_from="none"',
+           "--override", "0:solo_steps_per_generation=2")  # fmt: skip
+    llama, qwen = summaries(tmp_path / "run")
+    assert _metric(llama, "hacpo/learns_from/qwen1") == [0.0] * 4 and _metric(qwen, "hacpo/peer_rows") == [8] * 4
+    reference = _trl_gspo(llama["base"], tmp_path / "trl", steps=8)
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "llama0")
+    base = AutoModelForCausalLM.from_pretrained(llama["base"])
+    moved = 0
+    for (name, a), (_, b), (_, start) in zip(
+        trained.named_parameters(), reference.model.named_parameters(), base.named_parameters(), strict=True
+    ):
+        moved += not torch.equal(a, start)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    assert moved > 0
+    trl_losses = [e["loss"] for e in reference.state.log_history if "loss" in e]
+    losses = _metric(llama, "loss")
+    assert len(losses) == 16 and losses[2::4] == losses[3::4] == [0.0] * 4  # micro-steps 3 and 4 of each batch
+    made = [x for i, x in enumerate(losses) if i % 4 < 2]
+    assert made == pytest.approx(trl_losses, rel=1e-5, abs=1e-7)
 
 
 @pytest.mark.timeout(900)

@@ -272,6 +272,17 @@ class HACPOConfig(GRPOConfig):
             generation batch starting after t optimizer steps, the peer rows' advantages (hence their objectives)
             are multiplied by max(0, 1 - t / peer_fade_steps); once that is 0 the learner learns from no one and
             trains as GSPO (see `learn_from`). `0`: no fade. Logged as `hacpo/peer_weight`. May differ per agent.
+        solo_steps_per_generation (`int`, *optional*):
+            Optimizer updates a learner makes over its own rows at a generation batch where it learns from no one
+            (`learn_from: none`, every peer gated off, or faded out), instead of `steps_per_generation`; the
+            batch's remaining updates are skipped (no forward, no backward, no optimizer step: AdamW leaves a
+            parameter without a gradient untouched). The paper's schedule fixes the *mini-batch size* (the official
+            code's `ppo_mini_batch_size`), so the number of updates follows the rows: with one peer, 4 updates of
+            16 own + 16 peer rows when sharing, and `2` here gives 2 updates of 32 own rows when not, which is GSPO
+            with the paper's schedule exactly (TRL's `GRPOTrainer`, `steps_per_generation: 2`, 32 rows). `None`
+            (default): `steps_per_generation` updates of fewer rows (the same hyperparameters as GSPO, not the
+            same updates). Must divide `steps_per_generation` and be a multiple of `gradient_accumulation_steps`.
+            May differ per agent (`overrides`).
         exchange_timeout (`float`, *optional*, defaults to `1800`):
             Seconds a process waits in an exchange for every process of every agent to arrive, once training runs,
             before failing with an error naming the absent ones. Agents exchange once per generation batch, so the
@@ -367,6 +378,10 @@ class HACPOConfig(GRPOConfig):
     )
     peer_fade_steps: int = field(
         default=0, metadata={"help": "Fade the peer rows' weight linearly to 0 over this many steps; 0 = no fade."}
+    )
+    solo_steps_per_generation: int | None = field(
+        default=None,
+        metadata={"help": "Updates over own rows at a batch learned from no one (rest skipped); None = all."},
     )
     exchange_timeout: float = field(default=1800.0, metadata={"help": "Seconds to wait on other agents."})
     exchange_startup_timeout: float = field(
@@ -464,6 +479,7 @@ class HACPOConfig(GRPOConfig):
         if len(specs) > 1:
             self._agree_with_other_agents(topology)
             self._check_update_schedule()
+        self._check_solo_schedule()
         self._check_save_steps()  # after the schedule check: a straddling schedule is the error to report first
         if self.naive:
             self.capability_baseline = False
@@ -496,6 +512,18 @@ class HACPOConfig(GRPOConfig):
         fade = values.get("peer_fade_steps")
         if isinstance(fade, bool) or not isinstance(fade, int) or fade < 0:
             raise ValueError(f"{who}`peer_fade_steps` must be an integer >= 0, got {fade!r}")
+
+    def _check_solo_schedule(self) -> None:
+        """`solo_steps_per_generation` must cut the generation batch into whole optimizer updates, so that the
+        skipped micro-batches are whole updates (an update half-skipped would step on half its rows)."""
+        solo, steps, ga = self.solo_steps_per_generation, self.steps_per_generation, self.gradient_accumulation_steps
+        if solo is None:
+            return
+        if isinstance(solo, bool) or not isinstance(solo, int) or solo < 1 or steps % solo or solo % ga:
+            raise ValueError(
+                f"`solo_steps_per_generation` must be an integer >= 1 that divides `steps_per_generation` ({steps}) "
+                f"and is a multiple of `gradient_accumulation_steps` ({ga}), got {solo!r}"
+            )
 
     def _canonical_learn_from(self, agent_names: list[str]) -> str:
         """This agent's `learn_from` as ``"all"``, ``"none"`` or ``"a,b"`` (a YAML list becomes a string), checked."""

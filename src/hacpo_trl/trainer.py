@@ -245,6 +245,9 @@ class HACPOTrainer(GRPOTrainer):
         super().log(logs, start_time)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
+        if self._skips_update():  # a solo batch's update beyond `solo_steps_per_generation`: nothing to train on
+            self._step += 1  # TRL's micro-batch counter, as its own training_step would advance it
+            return torch.zeros((), device=self.args.device)
         self._prepare_seconds = 0.0
         start = time.perf_counter()
         loss = super().training_step(model, inputs, num_items_in_batch)
@@ -253,6 +256,19 @@ class HACPOTrainer(GRPOTrainer):
             time.perf_counter() - start - self._prepare_seconds
         )
         return loss
+
+    def _skips_update(self) -> bool:
+        """Whether this micro-batch is one a solo generation batch leaves out (``None`` in TRL's buffer, see
+        `_prepare_inputs`). No forward or backward runs, so no parameter has a gradient and the optimizer step
+        that follows changes nothing (AdamW skips such parameters: no momentum step, no weight decay); the decision
+        reads the agent's shared capability and settings only, so every rank of the agent skips together."""
+        buffered = self._buffered_inputs
+        return (
+            self.model.training
+            and buffered is not None
+            and self._step % self._generate_every != 0  # a new generation batch is never skipped
+            and buffered[self._step % self.args.steps_per_generation] is None
+        )
 
     @torch.no_grad()
     def _own_old_logps(self, batch: dict) -> torch.Tensor:
@@ -388,19 +404,31 @@ class HACPOTrainer(GRPOTrainer):
             if self._step % self._generate_every == 0 or self._buffered_inputs is None:
                 batch = self._generate_and_score_completions(generation_batch)
                 n_self = batch.pop("hacpo_num_self", None)
+                steps = self.args.steps_per_generation
                 if n_self is None:
                     batch = shuffle_sequence_dict(batch)  # exactly TRL's order when there are no peer rows
+                    steps = self._solo_steps()
                 else:
-                    batch = order_rows(batch, n_self, self.args.steps_per_generation, self.args.peer_layout)
+                    batch = order_rows(batch, n_self, steps, self.args.peer_layout)
                 if self.args.group_by_length:
-                    batch = self._group_by_length(batch)
-                self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
+                    batch = self._group_by_length(batch, steps)
+                # a solo batch of `solo_steps_per_generation` updates: the rest are None, skipped by training_step
+                self._buffered_inputs = split_tensor_dict(batch, steps) + [None] * (
+                    self.args.steps_per_generation - steps
+                )
             return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
-    def _group_by_length(self, batch: dict) -> dict:
+    def _solo_steps(self) -> int:
+        """Micro-batches of a generation batch of own rows only: `solo_steps_per_generation` when this learner
+        shares rollouts but learns from no one at this batch (TRL's baselines and single agents: all of them)."""
+        solo = self.args.solo_steps_per_generation
+        sharing = self.args.share_rollouts and len(self.agent_names) > 1 and self.model.training
+        return solo if sharing and solo is not None else self.args.steps_per_generation
+
+    def _group_by_length(self, batch: dict, steps: int) -> dict:
         """Rows of similar length into the same micro-batch, within each optimizer update and between rows of equal
         weight (:func:`hacpo_trl.padding.length_groups`). Blocks of gcd(S, GA) micro-batches never cross an update."""
-        steps, rows = self.args.steps_per_generation, batch["completion_ids"].shape[0]
+        rows = batch["completion_ids"].shape[0]
         block = math.gcd(steps, self.args.gradient_accumulation_steps)
         lengths = (batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)).cpu()
         classes = torch.zeros(rows, dtype=torch.long)
