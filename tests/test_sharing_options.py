@@ -240,6 +240,21 @@ def _trl_gspo(base: str, out, steps: int):
     return trainer
 
 
+def _assert_trained_as(folder, reference, base_folder) -> None:
+    """The model saved in ``folder`` has ``reference``'s parameters, and they moved from the base model's."""
+    from transformers import AutoModelForCausalLM
+
+    trained = AutoModelForCausalLM.from_pretrained(folder)
+    base = AutoModelForCausalLM.from_pretrained(base_folder)
+    moved = 0
+    for (name, a), (_, b), (_, start) in zip(
+        trained.named_parameters(), reference.named_parameters(), base.named_parameters(), strict=True
+    ):
+        moved += not torch.equal(a, start)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    assert moved > 0  # trained models are compared, not two copies of the base
+
+
 @pytest.fixture(scope="module")
 def learns_from_none(tmp_path_factory):
     """llama0 learns from no one, qwen1 from llama0: 8 optimizer steps, 4 generation batches of 2 updates."""
@@ -268,7 +283,6 @@ def test_an_agent_that_learns_from_no_one_trains_exactly_as_gspo(learns_from_non
     """Same schedule = the agent's own per_device_train_batch_size, steps_per_generation and gradient accumulation
     (here 4 rows per update, 2 updates per generation batch, 8 updates): the parameters after training equal TRL's
     GSPO run from the same base model with the same seed, although its peer learned from its rollouts all along."""
-    from transformers import AutoModelForCausalLM
 
     out, (llama, qwen) = learns_from_none
     assert _metric(llama, "hacpo/learns_from/qwen1") == [0.0] * 4 and _metric(llama, "hacpo/peer_rows") == [0] * 4
@@ -278,15 +292,7 @@ def test_an_agent_that_learns_from_no_one_trains_exactly_as_gspo(learns_from_non
     assert _metric(llama, "hacpo/capability/qwen1") == _metric(qwen, "hacpo/capability/qwen1")  # still exchanged
 
     reference = _trl_gspo(llama["base"], tmp_path, steps=8)
-    trained = AutoModelForCausalLM.from_pretrained(out / "llama0")
-    base = AutoModelForCausalLM.from_pretrained(llama["base"])
-    moved = 0
-    for (name, a), (_, b), (_, start) in zip(
-        trained.named_parameters(), reference.model.named_parameters(), base.named_parameters(), strict=True
-    ):
-        moved += not torch.equal(a, start)
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
-    assert moved > 0  # trained models are compared, not two copies of the base
+    _assert_trained_as(out / "llama0", reference.model, llama["base"])
     assert any(e.get("clip_ratio/region_mean", 0) > 0 for e in reference.state.log_history)  # the clip acted
     trl_losses = [e["loss"] for e in reference.state.log_history if "loss" in e]
     assert _metric(llama, "loss") == pytest.approx(trl_losses, rel=1e-5, abs=1e-7)
@@ -299,8 +305,8 @@ def test_a_solo_learner_with_the_papers_mini_batch_trains_exactly_as_gspo_with_t
     step at all (no AdamW momentum step). Its parameters after 4 generation batches (16 micro-steps) equal TRL's
     GSPO with `steps_per_generation: 2` and 4 rows per update (8 updates) from the same base and seed, and its
     logged losses are TRL's at the updates it made and 0 at the skipped ones."""
+
     from conftest import summaries
-    from transformers import AutoModelForCausalLM
 
     launch(2, "train_agents.py", "--out", str(tmp_path / "run"), "--steps", "16", "--steps_per_generation", "4",
            "--learning_rate", "0.2", "--override", '0:learn_from="none"',
@@ -308,15 +314,7 @@ def test_a_solo_learner_with_the_papers_mini_batch_trains_exactly_as_gspo_with_t
     llama, qwen = summaries(tmp_path / "run")
     assert _metric(llama, "hacpo/learns_from/qwen1") == [0.0] * 4 and _metric(qwen, "hacpo/peer_rows") == [8] * 4
     reference = _trl_gspo(llama["base"], tmp_path / "trl", steps=8)
-    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "llama0")
-    base = AutoModelForCausalLM.from_pretrained(llama["base"])
-    moved = 0
-    for (name, a), (_, b), (_, start) in zip(
-        trained.named_parameters(), reference.model.named_parameters(), base.named_parameters(), strict=True
-    ):
-        moved += not torch.equal(a, start)
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
-    assert moved > 0
+    _assert_trained_as(tmp_path / "run" / "llama0", reference.model, llama["base"])
     trl_losses = [e["loss"] for e in reference.state.log_history if "loss" in e]
     losses = _metric(llama, "loss")
     assert len(losses) == 16 and losses[2::4] == losses[3::4] == [0.0] * 4  # micro-steps 3 and 4 of each batch
