@@ -93,6 +93,11 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
     "HACPO correct + gate 1.0 + GSPO solo updates": (
         {"peer_filter": "correct", "capability_gate": 1.0, **SOLO, **HACPO_SCHEDULE}, 8, 4,
     ),
+    # and no AdamW step on an update none of whose rows has a gradient (every peer row outside the band)
+    "HACPO correct + gate 1.0 + GSPO solo updates + skip empty updates": (
+        {"peer_filter": "correct", "capability_gate": 1.0, **SOLO, "skip_empty_updates": True, **HACPO_SCHEDULE},
+        8, 4,
+    ),
 }  # fmt: skip
 METHODS |= CANDIDATES
 # the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset
@@ -373,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     report["wall_minutes"] = round(run_seconds / 60, 1)
     report["command"] = "python benchmarks/reproduce.py " + " ".join(sys.argv[1:] if argv is None else argv)
     report["recommended"] = RECOMMENDED
+    # as recipe keys on top of the paper's sharing schedule (HACPO_SCHEDULE), for re-running it elsewhere
+    preset = METHODS[RECOMMENDED][0] if RECOMMENDED else {}
+    report["recommended_settings"] = {k: v for k, v in preset.items() if k not in HACPO_SCHEDULE} or None
     (args.results.parent / "results.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
     curves = {
         p: {m: {a: [r[a]["curve"] for r in runs.values()] for a in PAIRS[p]} for m, runs in by_m.items()}

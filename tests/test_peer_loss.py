@@ -11,6 +11,7 @@ from hacpo_trl.peer_loss import (
     batch_row_flags,
     current_update,
     gradient_rows,
+    has_gradient_rows,
     rows_loss,
     score_peer_rows,
     self_on_policy,
@@ -61,6 +62,16 @@ def test_gradient_rows_are_all_but_the_dropped_ones_and_never_none():
     assert gradient_rows(is_peer, clipped).tolist() == [True, False, True]
     everything = (torch.tensor([True, True, True]), 1.0, torch.zeros(3), 0.8)
     assert gradient_rows(is_peer, everything).tolist() == [True, False, False]  # one zero-gradient row
+
+
+def test_has_gradient_rows_counts_valid_rows_that_are_not_dropped():
+    """The stand-in row `gradient_rows` keeps for an all-dropped mini-batch is not a row with a gradient, nor is an
+    invalid (padding) row: such a mini-batch is what `skip_empty_updates` takes no optimizer step for."""
+    valid = torch.tensor([True, True, False])
+    assert has_gradient_rows(valid, None)
+    assert has_gradient_rows(valid, (torch.tensor([True, False, True]), 1.0, torch.zeros(3), 0.8))
+    assert not has_gradient_rows(valid, (torch.tensor([True, True, False]), 1.0, torch.zeros(3), 0.8))
+    assert not has_gradient_rows(torch.tensor([False, False]), None)
 
 
 def _hacpo_loss_by_hand(logps, inputs, self_old, weights, outside_objective, config):

@@ -323,6 +323,31 @@ def test_a_solo_learner_with_the_papers_mini_batch_trains_exactly_as_gspo_with_t
 
 
 @pytest.mark.timeout(900)
+def test_an_update_without_a_row_with_a_gradient_takes_no_step_with_skip_empty_updates(tmp_path, launch):
+    """A band of width 1e-6 keeps no peer row, so in every generation batch (2 updates: own rows, then peer rows)
+    the second update has no row with a gradient. llama0 (`skip_empty_updates`) keeps its weights through it;
+    qwen1 (the official code's behaviour) still moves them: AdamW steps on its momentum."""
+    from conftest import summaries
+
+    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--delta", "1e-6",
+           "--override", "0:skip_empty_updates=true")  # fmt: skip
+    llama, qwen = summaries(tmp_path)
+    for s in (llama, qwen):
+        assert sum(_metric(s, "hacpo/peer_rows")) > 0 and _metric(s, "hacpo/peer_ratio_in_band") == [0.0] * 4
+        assert len(s["param_trace"]) == 8
+    trace = llama["param_trace"]
+    assert [trace[i] == trace[i - 1] for i in range(1, 8)] == [True, False] * 3 + [True]  # own update: moves
+    trace = qwen["param_trace"]
+    assert all(trace[i] != trace[i - 1] for i in range(1, 8))
+
+
+def test_skip_empty_updates_is_refused_under_deepspeed(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(ValueError, match="`skip_empty_updates` does not work with DeepSpeed"):
+        HACPOConfig(output_dir=str(tmp_path), skip_empty_updates=True, **COMMON)
+
+
+@pytest.mark.timeout(900)
 def test_gate_and_fade_through_the_trainer_and_others_receive_the_same(learns_from_none, tmp_path, launch):
     """llama0 gated at 1.0 (learns from qwen1 only while P̂_qwen1 >= P̂_llama0): each generation batch it learns from
     qwen1 exactly when the logged capabilities say so, and builds no peer row otherwise. qwen1 fades its peer rows

@@ -283,6 +283,14 @@ class HACPOConfig(GRPOConfig):
             (default): `steps_per_generation` updates of fewer rows (the same hyperparameters as GSPO, not the
             same updates). Must divide `steps_per_generation` and be a multiple of `gradient_accumulation_steps`.
             May differ per agent (`overrides`).
+        skip_empty_updates (`bool`, *optional*, defaults to `False`):
+            An optimizer update in which no row of any of the agent's ranks has a gradient (every peer row outside
+            the band or filtered out, no own row) takes no optimizer step. Otherwise AdamW still moves every weight
+            on a zero gradient, by its momentum (and weight decay): with the self-first layout, a learner whose
+            peer rows all fall outside the band (an off-style peer) makes two such steps per generation batch, which
+            GSPO does not. The official code steps on every mini-batch, so this is a deviation, off by default.
+            Not with DeepSpeed (its step runs inside the backward call, before the update's rows are known).
+            May differ per agent.
         exchange_timeout (`float`, *optional*, defaults to `1800`):
             Seconds a process waits in an exchange for every process of every agent to arrive, once training runs,
             before failing with an error naming the absent ones. Agents exchange once per generation batch, so the
@@ -383,6 +391,9 @@ class HACPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "Updates over own rows at a batch learned from no one (rest skipped); None = all."},
     )
+    skip_empty_updates: bool = field(
+        default=False, metadata={"help": "No optimizer step for an update without a row that has a gradient."}
+    )
     exchange_timeout: float = field(default=1800.0, metadata={"help": "Seconds to wait on other agents."})
     exchange_startup_timeout: float = field(
         default=3600.0, metadata={"help": "Seconds to wait on other agents until the first step is done."}
@@ -473,6 +484,13 @@ class HACPOConfig(GRPOConfig):
         self._apply_agent(spec, several=len(specs) > 1)
         self._check_learner_settings(vars(self))
         self.learn_from = self._canonical_learn_from([s.name for s in specs])
+        from .loading import _upcasting_launch  # the one place that tells a DeepSpeed launch (before TRL loads it)
+
+        if self.skip_empty_updates and _upcasting_launch(self) == "DeepSpeed":
+            raise ValueError(
+                "`skip_empty_updates` does not work with DeepSpeed: its optimizer step runs inside the backward call, "
+                "before HACPO knows whether the update had a row with a gradient; set it false or train with DDP / FSDP"
+            )
         super().__post_init__()
         if self.share_rollouts:
             self._reject_settings_hacpo_ignores()

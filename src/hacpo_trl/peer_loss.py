@@ -18,6 +18,7 @@ __all__ = [
     "batch_row_flags",
     "current_update",
     "gradient_rows",
+    "has_gradient_rows",
     "peer_log_ratios",
     "rows_loss",
     "score_peer_rows",
@@ -75,6 +76,12 @@ def score_peer_rows(
     full_ratio = torch.zeros(candidates.shape[0], dtype=ratio.dtype, device=ratio.device)
     full_ratio[rows] = ratio[outside]
     return dropped, float(objective[outside].sum()), full_ratio, bound
+
+
+def has_gradient_rows(valid: torch.Tensor, clipped: Clipped | None) -> bool:
+    """Whether any row of the mini-batch has an objective with a gradient: a valid row that is not dropped (the
+    stand-in row of `gradient_rows` for an all-dropped mini-batch has none)."""
+    return bool((valid if clipped is None else valid & ~clipped[0]).any())
 
 
 def gradient_rows(is_peer: torch.Tensor, clipped: Clipped | None) -> torch.Tensor:

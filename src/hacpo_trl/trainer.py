@@ -60,7 +60,15 @@ from .loading import (
     resolve_agent,
 )
 from .model_card import PAPER, append_card_section, hacpo_card_section, hub_base_model, name_card
-from .peer_loss import batch_row_flags, current_update, gradient_rows, rows_loss, score_peer_rows, self_on_policy
+from .peer_loss import (
+    batch_row_flags,
+    current_update,
+    gradient_rows,
+    has_gradient_rows,
+    rows_loss,
+    score_peer_rows,
+    self_on_policy,
+)
 from .peer_rows import add_self_columns, append_peer_rows, build_peer_rows, order_rows, own_rewards, self_prompt_tokens
 from .retokenize import completion_text
 from .topology import at_exit, current_topology
@@ -251,6 +259,9 @@ class HACPOTrainer(GRPOTrainer):
         self._prepare_seconds = 0.0
         start = time.perf_counter()
         loss = super().training_step(model, inputs, num_items_in_batch)
+        if self.args.skip_empty_updates and self._step % self.current_gradient_accumulation_steps == 0:
+            if not self.__dict__.pop("_update_has_rows", True):  # no row of this update had a gradient, on any rank
+                model.zero_grad(set_to_none=True)  # so the optimizer step that follows changes nothing
         end_startup()  # downloads, vLLM start-up and the first generation are behind every agent now
         self._metrics["train"]["hacpo/time/loss_and_backward"].append(
             time.perf_counter() - start - self._prepare_seconds
@@ -496,6 +507,9 @@ class HACPOTrainer(GRPOTrainer):
         is_peer, valid = inputs["hacpo_is_peer"], inputs["hacpo_valid"]
         clipped = self._clipped_peer_rows(model, inputs, update_index) if mode == "train" else None
         keep = gradient_rows(is_peer, clipped)
+        if mode == "train" and self.args.skip_empty_updates:  # read by training_step at the end of the update
+            has_rows = self._on_any_rank(has_gradient_rows(valid, clipped))
+            self._update_has_rows = self.__dict__.get("_update_has_rows", False) or has_rows
         rows = keep.nonzero().flatten()
         logps = self._row_logps(model, inputs, keep)
         on_policy = self._self_on_policy or mode == "eval"

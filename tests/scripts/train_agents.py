@@ -174,7 +174,17 @@ class DieAt(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-trainer = HACPOTrainer(model=base, reward_funcs=has_digit, args=args, train_dataset=dataset, callbacks=[DieAt()])
+param_trace = []  # the weights' sum after every optimizer step: which steps moved them
+
+
+class TraceParams(TrainerCallback):
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        param_trace.append(float(sum(p.detach().double().abs().sum() for p in model.parameters())))
+
+
+trainer = HACPOTrainer(
+    model=base, reward_funcs=has_digit, args=args, train_dataset=dataset, callbacks=[DieAt(), TraceParams()]
+)
 peer_log = {}
 if opts.record_peers:  # what the learner built from its peers' records at the first step, as token ids
     unrecorded_add_peer_rows = trainer._add_peer_rows  # its own name: `add_peer_rows` is rebound below
@@ -262,6 +272,7 @@ summary = {
     "peer_rows_here": peer_rows_here,
     "peer_rows_finished": peer_rows_finished,
     "param_sum": float(sum(p.detach().double().sum() for p in after.values())),
+    "param_trace": param_trace,
     "peers": peer_log,
     "base": base,
 }
