@@ -12,6 +12,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from .algorithm import PEER_LAYOUTS, CapabilityTracker, HACPOLossConfig
+from .placement import launch_engine
 from .topology import AgentTopology, init_agent_worlds
 
 __all__ = ["AgentSpec", "HACPOConfig"]
@@ -484,9 +485,7 @@ class HACPOConfig(GRPOConfig):
         self._apply_agent(spec, several=len(specs) > 1)
         self._check_learner_settings(vars(self))
         self.learn_from = self._canonical_learn_from([s.name for s in specs])
-        from .loading import _upcasting_launch  # the one place that tells a DeepSpeed launch (before TRL loads it)
-
-        if self.skip_empty_updates and _upcasting_launch(self) == "DeepSpeed":
+        if self.skip_empty_updates and launch_engine(self) == "DeepSpeed":  # before TRL loads DeepSpeed
             raise ValueError(
                 "`skip_empty_updates` does not work with DeepSpeed: its optimizer step runs inside the backward call, "
                 "before HACPO knows whether the update had a row with a gradient; set it false or train with DDP / FSDP"

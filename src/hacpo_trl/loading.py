@@ -4,6 +4,7 @@ the model (path or instance), the base model a card names, the tokenizer and the
 from __future__ import annotations
 
 from .demo import resolve_model
+from .placement import launch_engine
 
 __all__ = [
     "check_batch_supported",
@@ -74,18 +75,6 @@ def resolve_agent(spec, model=None, processing_class=None, peft_config=None):
     return model, base_model, processing_class, peft_config
 
 
-def _upcasting_launch(args) -> str | None:
-    """The engine that keeps fp32 master weights for bf16/fp16 parameters (DeepSpeed ZeRO, FSDP), or None."""
-    import os
-
-    true = ("1", "true", "yes")
-    if getattr(args, "deepspeed", None) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in true:
-        return "DeepSpeed"
-    if getattr(args, "fsdp", None) or os.environ.get("ACCELERATE_USE_FSDP", "").lower() in true:
-        return "FSDP"
-    return None
-
-
 def _load_dtype(model, args):
     """The dtype the trainable weights will have after TRL loads ``model`` (a path or an instance), or None when
     it cannot be told without loading."""
@@ -113,7 +102,7 @@ def check_trainable_precision(args, model, peft_config, agent: str) -> None:
     DeepSpeed ZeRO and FSDP keep fp32 master weights; LoRA adapters are fp32 (peft's default)."""
     import torch
 
-    if peft_config is not None or _upcasting_launch(args) is not None:
+    if peft_config is not None or launch_engine(args) is not None:
         return
     dtype = _load_dtype(model, args)
     if dtype not in (torch.bfloat16, torch.float16):

@@ -19,7 +19,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Placement", "agent_slot", "compute_placement", "free_port", "place_process", "process_counts"]
+__all__ = [
+    "Placement",
+    "agent_slot",
+    "compute_placement",
+    "free_port",
+    "launch_engine",
+    "place_process",
+    "process_counts",
+]
 
 
 @dataclass(frozen=True)
@@ -156,3 +164,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def launch_engine(args) -> str | None:
+    """The engine the launch shards with and keeps fp32 master weights in: "DeepSpeed" (ZeRO), "FSDP", or None,
+    from the training arguments or the variables `accelerate launch` sets (read before TRL loads either)."""
+    true = ("1", "true", "yes")
+    if getattr(args, "deepspeed", None) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in true:
+        return "DeepSpeed"
+    if getattr(args, "fsdp", None) or os.environ.get("ACCELERATE_USE_FSDP", "").lower() in true:
+        return "FSDP"
+    return None

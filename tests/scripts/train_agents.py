@@ -36,6 +36,7 @@ parser.add_argument("--resume_step", action="append", default=[], help="i:step, 
 parser.add_argument("--generation_batch", type=int, default=8)
 parser.add_argument("--steps_per_generation", type=int, default=2)
 parser.add_argument("--delta", type=float, default=0.2)
+parser.add_argument("--delta_step", type=float, default=0.025, help="peer_delta_step (0: the band stays fixed)")
 parser.add_argument("--override", action="append", default=[], help="i:key=json, a setting for agent i only")
 parser.add_argument("--report_to", default="none")
 parser.add_argument("--fail_reward", type=int, default=-1, help="agent i's reward raises at its 2nd call")
@@ -117,6 +118,7 @@ args = HACPOConfig(
     exchange_timeout=opts.exchange_timeout,
     exchange_startup_timeout=opts.exchange_startup_timeout,
     peer_delta=opts.delta,
+    peer_delta_step=opts.delta_step,
     lr_scheduler_type="constant",
     peer_filter=opts.peer_filter,
 )
