@@ -329,16 +329,17 @@ def test_an_update_without_a_row_with_a_gradient_takes_no_step_with_skip_empty_u
     qwen1 (the official code's behaviour) still moves them: AdamW steps on its momentum."""
     from conftest import summaries
 
-    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--delta", "1e-6",
+    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--delta", "1e-6", "--trace_params",
            "--override", "0:skip_empty_updates=true")  # fmt: skip
     llama, qwen = summaries(tmp_path)
     for s in (llama, qwen):
         assert sum(_metric(s, "hacpo/peer_rows")) > 0 and _metric(s, "hacpo/peer_ratio_in_band") == [0.0] * 4
         assert len(s["param_trace"]) == 8
+    empty = (1, 3, 5, 7)  # the second update of each generation batch (0-based optimizer steps)
     trace = llama["param_trace"]
-    assert [trace[i] == trace[i - 1] for i in range(1, 8)] == [True, False] * 3 + [True]  # own update: moves
-    trace = qwen["param_trace"]
-    assert all(trace[i] != trace[i - 1] for i in range(1, 8))
+    assert all(trace[i] == trace[i - 1] for i in empty) and llama["trainable_changed"]  # its own updates trained
+    trace = qwen["param_trace"]  # once AdamW has momentum, an empty update still moves the weights
+    assert any(trace[i] != trace[i - 1] for i in empty)
 
 
 def test_skip_empty_updates_is_refused_under_deepspeed(tmp_path, monkeypatch):

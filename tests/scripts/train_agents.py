@@ -36,6 +36,7 @@ parser.add_argument("--resume_step", action="append", default=[], help="i:step, 
 parser.add_argument("--generation_batch", type=int, default=8)
 parser.add_argument("--steps_per_generation", type=int, default=2)
 parser.add_argument("--delta", type=float, default=0.2)
+parser.add_argument("--trace_params", action="store_true", help="record the weights' sum after every step")
 parser.add_argument("--delta_step", type=float, default=0.025, help="peer_delta_step (0: the band stays fixed)")
 parser.add_argument("--override", action="append", default=[], help="i:key=json, a setting for agent i only")
 parser.add_argument("--report_to", default="none")
@@ -184,9 +185,8 @@ class TraceParams(TrainerCallback):
         param_trace.append(float(sum(p.detach().double().abs().sum() for p in model.parameters())))
 
 
-trainer = HACPOTrainer(
-    model=base, reward_funcs=has_digit, args=args, train_dataset=dataset, callbacks=[DieAt(), TraceParams()]
-)
+callbacks = [DieAt(), TraceParams()] if opts.trace_params else [DieAt()]
+trainer = HACPOTrainer(model=base, reward_funcs=has_digit, args=args, train_dataset=dataset, callbacks=callbacks)
 peer_log = {}
 if opts.record_peers:  # what the learner built from its peers' records at the first step, as token ids
     unrecorded_add_peer_rows = trainer._add_peer_rows  # its own name: `add_peer_rows` is rebound below
