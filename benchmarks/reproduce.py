@@ -160,7 +160,7 @@ def _built_agents(pair: str) -> dict[str, dict]:
     for agent in PAIRS[pair]:
         folder = build_agent(agent)
         record = build_record(folder) or {}
-        keep = ("steps", "validation_accuracy", "band")
+        keep = ("steps", "validation_accuracy", "band", "measure", "greedy_accuracy")
         built[agent] = {"folder": Path(folder).name, **{k: record.get(k) for k in keep}}
     return built
 

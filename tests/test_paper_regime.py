@@ -1,6 +1,7 @@
 """The CPU miniature in the paper's regime: built-in agents whose tokenizer is the one they are trained with, the
 reasoning-trace task, the peer-row layout and the peer-ratio statistics."""
 
+import dataclasses
 import math
 import os
 
@@ -49,8 +50,8 @@ class _ScriptedRun:
     def train(self, steps):
         self.steps += steps
 
-    def accuracy(self):
-        return self.curve(self.steps)
+    def accuracy(self, measure="greedy"):
+        return self.curve(self.steps) / (2 if measure == "sampled" else 1)  # sampled: half greedy, to tell them apart
 
     def snapshot(self):
         return {"steps": self.steps}
@@ -75,6 +76,19 @@ def test_warm_start_stops_at_the_first_check_inside_its_band(monkeypatch):
         ("base", 20, [0.2, 0.25]),
         ("instruct", 50, [0.5, 0.55]),
     ]
+
+
+def test_a_band_on_sampled_accuracy_stops_on_it_and_records_greedy_beside(monkeypatch):
+    """The trace agents' bands are on sampled accuracy (here half the greedy one): [0.1, 0.2] is first reached at the
+    check of step 20 (sampled 0.10), where greedy is 0.20, which alone would have stopped at step 10 in that band."""
+    monkeypatch.setattr(demo, "_WarmStart", _ScriptedRun)
+    (record,) = demo._warm_start(None, None, [("a", dataclasses.replace(_stage((0.1, 0.2)), measure="sampled"))])
+    assert (record["steps"], record["validation_accuracy"], record["greedy_accuracy"]) == (20, 0.1, 0.2)
+    assert record["measure"] == "sampled" and record["band"] == [0.1, 0.2]
+    (greedy,) = demo._warm_start(None, None, [("a", _stage((0.1, 0.2)))])
+    assert (greedy["steps"], greedy["measure"]) == (10, "greedy") and "greedy_accuracy" not in greedy
+    trace = [n for n, a in demo.BUILTIN_AGENTS.items() if a.task.startswith("arithmetic_trace")]
+    assert len(trace) == 7 and all(demo.BUILTIN_AGENTS[n].measure == "sampled" for n in trace)
 
 
 def test_warm_start_passing_its_band_between_checks_goes_back_one_check_and_steps_singly(monkeypatch):
