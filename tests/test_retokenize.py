@@ -134,7 +134,8 @@ def _learner_batch(learner):
         terminated=[True, True, False, False, True],
     )
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    out = learner._add_peer_rows(batch, [peer], ids, rewards, {"peer": [peer]}, 0.0, "train")
+    rows = learner._peer_rows(ids, rewards, {"peer": [peer]}, ["peer"])
+    out = learner._add_peer_rows(batch, rows, ids, 0.0, "train")
     return out, prompt, other
 
 

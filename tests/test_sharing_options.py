@@ -12,6 +12,7 @@ from hacpo_trl.algorithm import (
     hacpo_loss,
     open_peers,
     peer_fade_weight,
+    peers_in_band,
 )
 from hacpo_trl.config import parse_learn_from
 from hacpo_trl.exchange import RolloutBatch
@@ -73,6 +74,29 @@ def test_gate_switches_as_capabilities_cross():
 def test_open_peers_bad_input(args, match):
     with pytest.raises(ValueError, match=match):
         open_peers(*args)
+
+
+def test_peers_in_band_by_hand():
+    """Band [0.8, 1] (lb_0 with δ = 0.2), both ends inside: B has 0.9 and 0.8 in, 0.5 below; C has 1.0 in, 1.2 above;
+    D sent no row. So B counts 2, C 1, D 0 (band_gate would close D only)."""
+    ratio = torch.tensor([0.9, 0.5, 1.0, 1.2, 0.8])
+    sources = ["B", "B", "C", "C", "B"]
+    assert peers_in_band(ratio, sources, ["B", "C", "D"], 0.8) == {"B": 2, "C": 1, "D": 0}
+    assert peers_in_band(ratio, sources, ["B", "C"], 0.95) == {"B": 0, "C": 1}  # a tighter band: B closes too
+    assert peers_in_band(torch.zeros(0), [], ["B"], 0.8) == {"B": 0}
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((torch.ones(2), ["B"], ["B"], 0.8), r"one entry per source, got \(2,\) for 1"),
+        ((torch.ones(1), ["Z"], ["B"], 0.8), r"agent\(s\) \['Z'\] that are not open peers"),
+        ((torch.ones(1), ["B"], ["B"], 1.5), "lower_bound"),
+    ],
+)
+def test_peers_in_band_bad_input(args, match):
+    with pytest.raises(ValueError, match=match):
+        peers_in_band(*args)
 
 
 def test_learns_from_metric():
@@ -153,6 +177,12 @@ def test_learn_from_and_gate_resolve_per_agent(tmp_path):
         ({"agents": {"solo": {"overrides": {"capability_gate": "high"}}}}, r"agent 'solo': `capability_gate`.*'high'"),
         ({"agents": {"solo": {"overrides": {"peer_filter": "best"}}}}, r"agent 'solo': `peer_filter` .* 'best'"),
         ({"peer_fade_steps": -3}, r"`peer_fade_steps` must be an integer >= 0, got -3"),
+        ({"band_gate": "yes"}, r"`band_gate` must be true or false, got 'yes'"),
+        ({"band_gate": True, "naive": True}, r"`band_gate` closes a peer .* there is no band"),
+        (
+            {"agents": {"solo": {"overrides": {"band_gate": True, "peer_clipping": False}}}},
+            r"agent 'solo': `band_gate`",
+        ),
         ({"agents": {"solo": {"overrides": {"peer_fade_steps": 2.5}}}}, r"agent 'solo': `peer_fade_steps` .* 2.5"),
         ({"steps_per_generation": 4, "solo_steps_per_generation": 3}, r"divides `steps_per_generation` \(4\).* got 3"),
         ({"steps_per_generation": 4, "solo_steps_per_generation": 0}, r"`solo_steps_per_generation` .* got 0"),
@@ -340,6 +370,35 @@ def test_an_update_without_a_row_with_a_gradient_takes_no_step_with_skip_empty_u
     assert all(trace[i] == trace[i - 1] for i in empty) and llama["trainable_changed"]  # its own updates trained
     trace = qwen["param_trace"]  # once AdamW has momentum, an empty update still moves the weights
     assert any(trace[i] != trace[i - 1] for i in empty)
+
+
+@pytest.mark.timeout(900)
+def test_band_gate_closes_a_peer_with_no_row_in_the_band_and_the_learner_trains_as_gspo(
+    learns_from_none, tmp_path, launch
+):
+    """llama0 with `band_gate` and a band of width 1e-6: no row of qwen1 is ever in it, so llama0 learns from no one
+    at every batch, and its weights equal those of the run in which it learns from no one by `learn_from` (itself
+    TRL's GSPO, see above): the band-gate forward leaves the RNG and everything else as it was. qwen1, whose own band
+    is [0, 1] (`peer_delta: 1.0`), learns from llama0 at exactly the batches where some row is in the band."""
+    from transformers import AutoModelForCausalLM
+
+    from conftest import summaries
+
+    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--learning_rate", "0.2", "--delta", "1e-6",
+           "--override", "0:band_gate=true", "--override", "1:band_gate=true",
+           "--override", "1:peer_delta=1.0")  # fmt: skip
+    llama, qwen = summaries(tmp_path)
+    assert (
+        _metric(llama, "hacpo/band_rows/qwen1") == [0.0] * 4 and _metric(llama, "hacpo/learns_from/qwen1") == [0.0] * 4
+    )
+    assert _metric(llama, "hacpo/peer_rows") == [0] * 4 and llama["peer_rows_here"] == []
+    out, _ = learns_from_none
+    _assert_trained_as(tmp_path / "llama0", AutoModelForCausalLM.from_pretrained(out / "llama0"), llama["base"])
+
+    in_band = _metric(qwen, "hacpo/band_rows/llama0")
+    opened = _metric(qwen, "hacpo/learns_from/llama0")
+    assert opened == [float(n > 0) for n in in_band] and 1.0 in opened
+    assert [n > 0 for n in _metric(qwen, "hacpo/peer_rows")] == [n > 0 for n in in_band]
 
 
 def test_skip_empty_updates_is_refused_under_deepspeed(tmp_path, monkeypatch):

@@ -30,8 +30,10 @@ __all__ = [
     "capability_aware_advantages",
     "capability_ratio",
     "hacpo_loss",
+    "in_band",
     "joint_baseline",
     "open_peers",
+    "peers_in_band",
     "peer_fade_weight",
     "peer_objective",
     "peer_ratio_stats",
@@ -247,6 +249,32 @@ def open_peers(
         raise ValueError(f"`capabilities` is missing agents {missing}")
     own = capabilities[learner]
     return [a for a in agents if a != learner and a in names and capabilities[a] >= capability_gate * own]
+
+
+def in_band(ratio: torch.Tensor, lower_bound: float) -> torch.Tensor:
+    """Which peer rows lie in the band lb_m <= s <= 1 -- Eq. (14): the only peer rows with a gradient."""
+    _check_probability("lower_bound", lower_bound)
+    return (ratio >= lower_bound) & (ratio <= 1.0)
+
+
+def peers_in_band(
+    ratio: torch.Tensor, sources: Sequence[str], peers: Sequence[str], lower_bound: float
+) -> dict[str, int]:
+    """How many of each open peer's rows lie in the band at a batch's first update (not in the paper).
+
+    ``ratio`` holds the learner's sequence ratio s (Eq. 11) of each peer row before any update on the batch, and
+    ``sources`` the agent that generated each row. A peer none of whose rows is in the band gives the learner no
+    gradient at all (every row is clamped), yet its rewards still enter the capability-aware baseline and shift the
+    learner's own advantages; ``band_gate`` closes such a peer for the batch, as the capability gate does.
+    Peers with no row count 0.
+    """
+    if ratio.ndim != 1 or ratio.shape[0] != len(sources):
+        raise ValueError(f"`ratio` must have one entry per source, got {tuple(ratio.shape)} for {len(sources)}")
+    unknown = sorted({s for s in sources if s not in peers})
+    if unknown:
+        raise ValueError(f"rows from agent(s) {unknown} that are not open peers {list(peers)}")
+    inside = in_band(ratio, lower_bound).tolist()
+    return {p: sum(1 for s, ok in zip(sources, inside, strict=True) if ok and s == p) for p in peers}
 
 
 def peer_fade_weight(step: int, fade_steps: int) -> float:

@@ -268,6 +268,14 @@ class HACPOConfig(GRPOConfig):
             learns only from peers at least as capable, `0.8` also from peers up to 20% weaker; `0` keeps every peer
             of `learn_from` open. A learner with every peer gated off trains as with `learn_from: none` (GSPO).
             Logged as `hacpo/learns_from/<peer>` (1 open, 0 closed). May differ per agent (`overrides`).
+        band_gate (`bool`, *optional*, defaults to `False`):
+            Also close a peer at a generation batch when none of its rows (after `peer_filter`) lies in the band
+            [lb_0, 1] under the learner before the batch's first update: such a peer gives no gradient (every row
+            is clamped), yet without the gate its rewards still enter the capability-aware baseline and shift the
+            learner's own advantages. A learner with every peer closed trains as GSPO (see `learn_from`). Costs one
+            forward without gradient over the peer rows per generation batch. Not in the paper; needs the band
+            (not with `naive` or `peer_clipping: false`). Logged as `hacpo/band_rows/<peer>` (rows in the band,
+            over the agent's ranks). May differ per agent.
         peer_fade_steps (`int`, *optional*, defaults to `0`):
             Fade the learner's peer rows out over training (S2L-PO's annealing back to on-policy data): at a
             generation batch starting after t optimizer steps, the peer rows' advantages (hence their objectives)
@@ -384,6 +392,9 @@ class HACPOConfig(GRPOConfig):
     )
     capability_gate: float = field(
         default=0.0, metadata={"help": "Learn from a peer only while P̂_peer >= gate x P̂_learner; 0 = always."}
+    )
+    band_gate: bool = field(
+        default=False, metadata={"help": "Learn from a peer only at batches where some of its rows are in the band."}
     )
     peer_fade_steps: int = field(
         default=0, metadata={"help": "Fade the peer rows' weight linearly to 0 over this many steps; 0 = no fade."}
@@ -526,6 +537,14 @@ class HACPOConfig(GRPOConfig):
         gate = values.get("capability_gate")
         if isinstance(gate, bool) or not (isinstance(gate, int | float) and math.isfinite(gate) and gate >= 0):
             raise ValueError(f"{who}`capability_gate` must be a finite number >= 0, got {gate!r}")
+        band = values.get("band_gate")
+        if not isinstance(band, bool):
+            raise ValueError(f"{who}`band_gate` must be true or false, got {band!r}")
+        if band and (values.get("naive") or not values.get("peer_clipping")):
+            raise ValueError(
+                f"{who}`band_gate` closes a peer none of whose rows is in the band, and with `naive: true` or "
+                "`peer_clipping: false` there is no band: set band_gate false"
+            )
         fade = values.get("peer_fade_steps")
         if isinstance(fade, bool) or not isinstance(fade, int) or fade < 0:
             raise ValueError(f"{who}`peer_fade_steps` must be an integer >= 0, got {fade!r}")

@@ -12,7 +12,15 @@ from __future__ import annotations
 
 import torch
 
-from .algorithm import HACPOLossConfig, LossOutput, hacpo_loss, peer_objective, sequence_log_ratio, stepwise_lower_bound
+from .algorithm import (
+    HACPOLossConfig,
+    LossOutput,
+    hacpo_loss,
+    in_band,
+    peer_objective,
+    sequence_log_ratio,
+    stepwise_lower_bound,
+)
 
 __all__ = [
     "batch_row_flags",
@@ -62,7 +70,7 @@ def score_peer_rows(
     ``[lb_m, 1]`` now: they get no gradient, so they need no backward pass. None when every candidate is inside."""
     ratio = peer_log_ratios(logps, inputs, candidates, config).exp()
     bound = stepwise_lower_bound(update_index, config.delta, config.delta_step)
-    outside = (ratio < bound) | (ratio > 1.0)
+    outside = ~in_band(ratio, bound)
     if not outside.any():
         return None
     omega = inputs["hacpo_omega"][candidates].to(ratio.dtype)

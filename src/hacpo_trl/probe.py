@@ -325,7 +325,7 @@ def run(trainer, probe_args: ProbeArguments) -> dict | None:
     low, high = config.capability_ratio_min, config.capability_ratio_max
     mine = {
         "learner": trainer.agent,
-        "learns_from": trainer._open_peers("train"),
+        "learns_from": trainer._open_peers(),  # by learn_from and the capability gate (not band_gate)
         "rows": _my_rows(trainer, batch, rows, ratios),
         "omega": {a: trainer.capability.omega(a, trainer.agent, low, high) for a in trainer.agent_names},
     }

@@ -40,7 +40,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
 from . import checkpoints, metrics, padding
-from .algorithm import CapabilityTracker, open_peers, peer_fade_weight
+from .algorithm import CapabilityTracker, open_peers, peer_fade_weight, peers_in_band, stepwise_lower_bound
 from .cache import builtin_name
 from .config import HACPOConfig
 from .exchange import (
@@ -65,11 +65,20 @@ from .peer_loss import (
     current_update,
     gradient_rows,
     has_gradient_rows,
+    peer_log_ratios,
     rows_loss,
     score_peer_rows,
     self_on_policy,
 )
-from .peer_rows import add_self_columns, append_peer_rows, build_peer_rows, order_rows, own_rewards, self_prompt_tokens
+from .peer_rows import (
+    PeerRows,
+    add_self_columns,
+    append_peer_rows,
+    build_peer_rows,
+    order_rows,
+    own_rewards,
+    self_prompt_tokens,
+)
 from .retokenize import completion_text
 from .topology import at_exit, current_topology
 from .vllm_seed import use_agent_engine_seeds
@@ -332,12 +341,19 @@ class HACPOTrainer(GRPOTrainer):
         check_same_prompts(records, self.agent, self.state.global_step)
         self._last_records = records  # every agent's rollouts of this batch: what `hacpo-probe` reports on
         by_agent = self._update_capability(records, mode)
-        peers = self._open_peers(mode)
+        peers = self._open_peers()
+        rows = self._peer_rows(prompt_ids, rewards, by_agent, peers) if peers else None
+        if rows is not None and self.args.band_gate and mode == "train":
+            in_band = self._peers_in_band(batch, rows, prompt_ids, peers)
+            self._log(mode, {f"hacpo/band_rows/{p}": float(n) for p, n in in_band.items()})
+            if [p for p in peers if in_band[p] == 0]:  # closed at this batch: rows and baseline without them
+                peers = [p for p in peers if in_band[p] > 0]
+                rows = self._peer_rows(prompt_ids, rewards, by_agent, peers) if peers else None
+        self._log(mode, metrics.learns_from_metrics(self.agent, self.agent_names, peers, self._peer_weight()))
         if not peers:  # learns from no one at this batch: GSPO's own batch (its records were still shared)
             self._log(mode, metrics.peer_row_metrics([0, 0, 0, 0]))
             return self._own_rows_only(batch)
-        by_agent = {agent: by_agent[agent] for agent in (self.agent, *peers) if agent in by_agent}
-        return self._add_peer_rows(batch, records, prompt_ids, rewards, by_agent, exchange_time, mode)
+        return self._add_peer_rows(batch, rows, prompt_ids, exchange_time, mode)
 
     @staticmethod
     def _own_rows_only(batch: dict) -> dict:
@@ -345,16 +361,46 @@ class HACPOTrainer(GRPOTrainer):
         batch["advantages"] = torch.nan_to_num(batch["advantages"], nan=0.0)
         return batch
 
-    def _open_peers(self, mode: str) -> list[str]:
-        """The peers this learner learns from at this batch (`learn_from`, `capability_gate`, and none once
-        `peer_fade_steps` has faded them out); logs each as ``hacpo/learns_from/<peer>`` (1 open, 0 closed)."""
+    def _open_peers(self) -> list[str]:
+        """The peers this learner learns from at this batch by `learn_from` and `capability_gate` (none once
+        `peer_fade_steps` has faded them out); `band_gate` may close more. Logged as ``hacpo/learns_from/<peer>``."""
         caps = self.capability.capabilities()
         chosen = self.args.learn_from_agents()
         peers = open_peers(self.agent, self.agent_names, caps, chosen, self.args.capability_gate)
-        if self._peer_weight() == 0:
-            peers = []
-        self._log(mode, metrics.learns_from_metrics(self.agent, self.agent_names, peers, self._peer_weight()))
-        return peers
+        return [] if self._peer_weight() == 0 else peers
+
+    def _peer_rows(self, prompt_ids, rewards, by_agent, peers) -> PeerRows:
+        """The learner's peer rows from ``peers`` (:func:`~hacpo_trl.peer_rows.build_peer_rows`): only the learner's
+        and these peers' records enter, their rewards included (the baseline)."""
+        by_agent = {agent: by_agent[agent] for agent in (self.agent, *peers) if agent in by_agent}
+        records = [r for agent_records in by_agent.values() for r in agent_records]
+        learners_view = [a for a in self.agent_names if a in by_agent]  # the learner and the peers it learns from
+        caps, weight = self.capability.capabilities(), self._peer_weight()
+        return build_peer_rows(
+            prompt_ids, rewards, records, self.agent, learners_view, caps, self.args, self._tokenizer, weight
+        )
+
+    @torch.no_grad()
+    def _peers_in_band(self, batch: dict, rows: PeerRows, prompt_ids, peers: list[str]) -> dict[str, int]:
+        """How many of each peer's valid rows lie in the band [lb_0, 1] under the learner now, summed over the
+        agent's ranks (a collective: every rank of the agent calls it, and runs a forward even with no peer row,
+        since under FSDP / ZeRO-3 a forward is a collective too). The RNG is left as it was, so that a learner whose
+        peers all close generates and trains exactly as GSPO."""
+        trial = self._with_peer_rows(dict(batch), rows, prompt_ids)
+        candidates = trial["hacpo_is_peer"] & trial["hacpo_valid"]
+        scored = candidates if candidates.any() else torch.arange(len(candidates), device=candidates.device) == 0
+        device = self.accelerator.device
+        devices = [] if device.type == "cpu" else [device.index or 0]
+        with self._pass("band_gate"), torch.random.fork_rng(devices=devices, device_type=device.type):
+            logps = self._row_logps(self.model, trial, scored)
+        cfg = self.hacpo_loss_config
+        ratio = peer_log_ratios(logps, trial, scored, cfg).exp()[candidates[scored]]
+        sources = [s for s, ok in zip(rows.sources, rows.valid, strict=True) if ok]
+        bound = stepwise_lower_bound(0, cfg.delta, cfg.delta_step)
+        counts = peers_in_band(ratio, sources, peers, bound)
+        local = torch.tensor([counts[p] for p in peers], dtype=torch.long, device=device)
+        total = self.accelerator.gather(local).view(-1, len(peers)).sum(0).tolist()
+        return dict(zip(peers, total, strict=True))
 
     def _peer_weight(self) -> float:
         """The fade of the peer rows' advantages at this generation batch (1 without `peer_fade_steps`)."""
@@ -385,19 +431,17 @@ class HACPOTrainer(GRPOTrainer):
         for key, value in values.items():
             self._metrics[mode][key].append(value)
 
-    def _add_peer_rows(self, batch, records, prompt_ids, rewards, by_agent, exchange_time, mode):
-        """Append the peer rows of :func:`~hacpo_trl.peer_rows.build_peer_rows` to TRL's batch; log their counts."""
-        batch.pop("old_per_token_logps", None)  # HACPO's loss uses per-sequence old log-probs (hacpo_old_mean_logp)
-        records = [r for agent_records in by_agent.values() for r in agent_records]
-        caps, tokenizer = self.capability.capabilities(), self._tokenizer
-        learners_view = [a for a in self.agent_names if a in by_agent]  # the learner and the peers it learns from
-        rows = build_peer_rows(
-            prompt_ids, rewards, records, self.agent, learners_view, caps, self.args, tokenizer, self._peer_weight()
-        )
-        self._last_peer_rows = rows  # what `hacpo-probe` reports on
+    def _with_peer_rows(self, batch: dict, rows: PeerRows, prompt_ids) -> dict:
+        """TRL's batch with ``rows`` appended (:func:`~hacpo_trl.peer_rows.append_peer_rows`)."""
         prompt_tokens = self_prompt_tokens(prompt_ids, batch["prompt_ids"], batch["prompt_mask"])
         pad_id = self._tokenizer.pad_token_id
-        batch = append_peer_rows(batch, rows, prompt_tokens, prompt_ids, self.args.steps_per_generation, pad_id)
+        return append_peer_rows(batch, rows, prompt_tokens, prompt_ids, self.args.steps_per_generation, pad_id)
+
+    def _add_peer_rows(self, batch, rows: PeerRows, prompt_ids, exchange_time, mode):
+        """Append the peer rows to TRL's batch; log their counts."""
+        batch.pop("old_per_token_logps", None)  # HACPO's loss uses per-sequence old log-probs (hacpo_old_mean_logp)
+        self._last_peer_rows = rows  # what `hacpo-probe` reports on
+        batch = self._with_peer_rows(batch, rows, prompt_ids)
         batch["hacpo_num_self"] = len(prompt_ids)  # read by _prepare_inputs, then dropped
         counts = [len(rows), rows.rejected, rows.truncated, rows.filtered]
         stats = torch.tensor(counts, dtype=torch.float32, device=batch["completion_ids"].device)

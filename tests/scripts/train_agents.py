@@ -191,8 +191,9 @@ peer_log = {}
 if opts.record_peers:  # what the learner built from its peers' records at the first step, as token ids
     unrecorded_add_peer_rows = trainer._add_peer_rows  # its own name: `add_peer_rows` is rebound below
 
-    def recording_add_peer_rows(batch, records, prompt_ids, *rest):
-        batch = unrecorded_add_peer_rows(batch, records, prompt_ids, *rest)
+    def recording_add_peer_rows(batch, rows, prompt_ids, *rest):
+        batch = unrecorded_add_peer_rows(batch, rows, prompt_ids, *rest)
+        records = trainer._last_records  # every agent's rollouts of this batch
         if not peer_log:
             peer = batch["hacpo_is_peer"] & batch["hacpo_valid"]
             mine = set(prompt_ids)
@@ -227,15 +228,15 @@ peer_rows_finished = []  # peer completions of this rank's prompts that ended in
 add_peer_rows = trainer._add_peer_rows
 
 
-def counting_add_peer_rows(batch, records, prompt_ids, *rest):
+def counting_add_peer_rows(batch, rows, prompt_ids, *rest):
     finished = sum(
         done
-        for r in records
+        for r in trainer._last_records
         if r.agent != args.agent_name
         for pid, done in zip(r.prompt_ids, r.terminated, strict=True)
         if pid in prompt_ids
     )
-    batch = add_peer_rows(batch, records, prompt_ids, *rest)
+    batch = add_peer_rows(batch, rows, prompt_ids, *rest)
     peer_rows_here.append(int((batch["hacpo_is_peer"] & batch["hacpo_valid"]).sum()))
     peer_rows_finished.append(finished)
     return batch
