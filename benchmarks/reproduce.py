@@ -99,6 +99,10 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
         {"peer_filter": "correct", "capability_gate": 1.0, **SOLO, "skip_empty_updates": True, **HACPO_SCHEDULE},
         8, 4,
     ),
+    # and a peer none of whose rows is in the band at a batch is closed for it (its rewards leave the baseline too)
+    "HACPO correct + gate 1.0 + GSPO solo updates + band gate": (
+        {"peer_filter": "correct", "capability_gate": 1.0, **SOLO, "band_gate": True, **HACPO_SCHEDULE}, 8, 4,
+    ),
 }  # fmt: skip
 METHODS |= CANDIDATES
 # the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset
