@@ -59,7 +59,8 @@ def test_flags_are_sentences_with_their_numbers():
     found = flags(_report([far, wrong, fine], agents))
     assert found == [
         "smol <- tiny: no peer row in the band [0.80, 1] (median ratio 0.004 over 3 rows): smol learns nothing from "
-        "tiny; their tokenizers, chat templates or stop tokens disagree, or the models are too far apart.",
+        "tiny, yet its rewards still shift smol's baseline (`band_gate: true` closes such a peer); their tokenizers, "
+        "chat templates or stop tokens disagree, the traces are written differently, or the models are too far apart.",
         "big <- small: 75% of the 4 peer rows that would train are wrong answers, so big would train mostly on wrong "
         "peer rows (each pushed down); `peer_filter: correct` trains only on correct peer rows.",
         "smol: 94% of its 16 completions were cut at max_completion_length=40 without stopping; raise it, or those "

@@ -132,8 +132,9 @@ def flags(report: dict) -> list[str]:
             median = p["ratio"]["median"]
             out.append(
                 f"{pair}: no peer row in the band [{lb:.2f}, 1] (median ratio {median:.3g} over {p['rows']} rows): "
-                f"{p['learner']} learns nothing from {p['generator']}; their tokenizers, chat templates or stop "
-                "tokens disagree, or the models are too far apart."
+                f"{p['learner']} learns nothing from {p['generator']}, yet its rewards still shift "
+                f"{p['learner']}'s baseline (`band_gate: true` closes such a peer); their tokenizers, chat templates "
+                "or stop tokens disagree, the traces are written differently, or the models are too far apart."
             )
         wrong = p["wrong_share_of_would_train"]
         if wrong is not None and wrong > 0.5:
