@@ -1,0 +1,98 @@
+"""Three agents at once with the recommended preset (issue 18, stretch): the state pair's two agents and the size
+pair's `trace-small` (`recipes/tiny_three.yaml`), each compared, seed by seed, with its own pair's runs of the
+held-out grid (GSPO and the preset with two agents; `benchmarks/reproduce.py` makes them).
+
+    python benchmarks/three_agents.py            # 8 seeds, 48 generation batches, on `test`; resumes finished runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reproduce as rp  # noqa: E402
+from _common import free_port, provenance, write_section  # noqa: E402
+
+AGENTS = {"trace-instruct": "state", "trace-base": "state", "trace-small": "size"}  # agent -> its two-agent pair
+
+
+def _accuracies(out: Path, pair: str, method: str, seeds: list[int], agent: str) -> list[float]:
+    folders = [rp._folder(out, pair, method, s) / "hacpo_summary.json" for s in seeds]
+    return [json.loads(f.read_text())[agent]["accuracy_after"] for f in folders]
+
+
+def _paired(a: list[float], b: list[float]) -> str:
+    diff = [x - y for x, y in zip(a, b, strict=True)]
+    mean = statistics.mean(diff)
+    half = rp.T_975[len(diff) - 1] * statistics.stdev(diff) / len(diff) ** 0.5
+    return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
+    parser.add_argument("--steps", type=int, default=48, help="generation batches per run")
+    parser.add_argument("--eval_every", type=int, default=16)
+    parser.add_argument("--split", default="test", choices=["test", "validation"])
+    parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/runs/<split>-<steps>steps-b3")
+    parser.add_argument("--results", type=Path, default=rp.ROOT / "benchmarks" / "three-agents" / "RESULTS.md")
+    args = parser.parse_args(argv)
+    args.out = args.out or rp.ROOT / "benchmarks" / "runs" / f"{args.split}-{args.steps}steps-b3"
+    args.learning_rate = None
+    settings, _, updates = rp.METHODS[rp.RECOMMENDED]
+    needed = [(pair, m) for pair in set(AGENTS.values()) for m in ("GSPO", rp.RECOMMENDED)]
+    missing = [f"{pair}/{m}" for pair, m in needed if not rp._folder(args.out, pair, m, args.seeds[-1]).exists()]
+    if missing:
+        raise SystemExit(
+            f"three_agents: the two-agent runs {missing} are missing in {args.out}: run reproduce.py first"
+        )
+
+    todo = [
+        s for s in args.seeds if not (rp._folder(args.out, "three", rp.RECOMMENDED, s) / "hacpo_summary.json").exists()
+    ]
+    (args.out / "three").mkdir(parents=True, exist_ok=True)
+    built = {**rp._built_agents("state"), **rp._built_agents("size")}
+    (args.out / "three" / rp.AGENTS_RECORD).write_text(json.dumps({a: built[a] for a in AGENTS}, indent=1))
+    if todo:
+        jobs = args.out / "three-jobs.json"
+        jobs.write_text(json.dumps([rp._argv("three", rp.RECOMMENDED, settings, updates, s, args) for s in todo]))
+        cmd = [
+            sys.executable, "-m", "accelerate.commands.launch",
+            "--config_file", str(rp.ROOT / "accelerate_configs" / "cpu_3agents.yaml"),
+            "--main_process_port", str(free_port()), str(rp.ROOT / "benchmarks" / "_worker.py"), str(jobs),
+        ]  # fmt: skip
+        with open(args.out / "three-worker.log", "w") as log:
+            subprocess.run(cmd, stderr=log, check=True)
+
+    runs = [rp._folder(args.out, "three", rp.RECOMMENDED, s) / "hacpo_summary.json" for s in args.seeds]
+    run_seconds = sum(json.loads(f.read_text()).get("_wall_seconds", 0.0) for f in runs)  # of the runs, resumed or not
+    lines = [
+        "## Three agents at once (`benchmarks/three_agents.py`)",
+        "",
+        provenance("three_agents.py", sys.argv[1:] if argv is None else argv, run_seconds),
+        "",
+        f"The recommended preset (`{rp.RECOMMENDED}`) with `trace-instruct`, `trace-base` and `trace-small` in one run "
+        f"(`recipes/tiny_three.yaml`), {args.steps} generation batches, {args.split} split, seeds {args.seeds}. Each "
+        "agent against its own pair's two-agent runs with the same seeds (paired 95% intervals):",
+        "",
+        "| agent | its pair | GSPO | preset, two agents | preset, three agents | three − GSPO | three − two |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for agent, pair in AGENTS.items():
+        gspo = _accuracies(args.out, pair, "GSPO", args.seeds, agent)
+        two = _accuracies(args.out, pair, rp.RECOMMENDED, args.seeds, agent)
+        three = _accuracies(args.out, "three", rp.RECOMMENDED, args.seeds, agent)
+        means = " | ".join(f"{statistics.mean(x):.3f}" for x in (gspo, two, three))
+        lines.append(f"| {agent} | {pair} | {means} | {_paired(three, gspo)} | {_paired(three, two)} |")
+    write_section(args.results, "three_agents", lines + [""])
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
