@@ -114,7 +114,7 @@ PAIRS = {
     "style": ("trace-llama", "trace-bracket"),
 }
 BUILD_RECORD = "hacpo_build.json"  # in each agent's folder: the steps and validation accuracy it was built to
-CACHE_VERSION = 4  # v4: trace agents to a band of sampled accuracy; v3: warm-started to a band of validation accuracy (v2: fixed steps); v2: the saved tokenizer
+CACHE_VERSION = 4  # v4: trace agents to a sampled band; v3: to a band of validation accuracy (v2: fixed steps)
 
 
 def _encode(tok, example) -> tuple[list[int], list[int]]:

@@ -290,6 +290,12 @@ class HACPOTrainer(GRPOTrainer):
             and buffered[self._step % self.args.steps_per_generation] is None
         )
 
+    def _rng_kept(self):
+        """A context in which forwards may draw from the RNG (dropout) without moving it for what comes after."""
+        device = self.accelerator.device
+        devices = [] if device.type == "cpu" else [device.index or 0]
+        return torch.random.fork_rng(devices=devices, device_type=device.type)
+
     @torch.no_grad()
     def _own_old_logps(self, batch: dict) -> torch.Tensor:
         """The old per-token log-probs of this process's completions: TRL's when it computed them, else ours. Ours
@@ -297,13 +303,7 @@ class HACPOTrainer(GRPOTrainer):
         samples as in TRL's own run: an agent that learns from no one stays exactly GSPO."""
         if "old_per_token_logps" in batch:
             return batch["old_per_token_logps"]
-        device = self.accelerator.device
-        devices = [] if device.type == "cpu" else [device.index or 0]
-        with (
-            self._timed("old_logps"),
-            self._pass("old_logps"),
-            torch.random.fork_rng(devices=devices, device_type=device.type),
-        ):
+        with self._timed("old_logps"), self._pass("old_logps"), self._rng_kept():
             prompt_completion = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
             attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
             logps, _, _ = self._get_per_token_logps_and_entropies(
@@ -346,7 +346,7 @@ class HACPOTrainer(GRPOTrainer):
         if rows is not None and self.args.band_gate and mode == "train":
             in_band = self._peers_in_band(batch, rows, prompt_ids, peers)
             self._log(mode, {f"hacpo/band_rows/{p}": float(n) for p, n in in_band.items()})
-            if [p for p in peers if in_band[p] == 0]:  # closed at this batch: rows and baseline without them
+            if 0 in in_band.values():  # a peer closed at this batch: rows and baseline without it
                 peers = [p for p in peers if in_band[p] > 0]
                 rows = self._peer_rows(prompt_ids, rewards, by_agent, peers) if peers else None
         self._log(mode, metrics.learns_from_metrics(self.agent, self.agent_names, peers, self._peer_weight()))
@@ -389,16 +389,14 @@ class HACPOTrainer(GRPOTrainer):
         trial = self._with_peer_rows(dict(batch), rows, prompt_ids)
         candidates = trial["hacpo_is_peer"] & trial["hacpo_valid"]
         scored = candidates if candidates.any() else torch.arange(len(candidates), device=candidates.device) == 0
-        device = self.accelerator.device
-        devices = [] if device.type == "cpu" else [device.index or 0]
-        with self._pass("band_gate"), torch.random.fork_rng(devices=devices, device_type=device.type):
+        with self._pass("band_gate"), self._rng_kept():
             logps = self._row_logps(self.model, trial, scored)
         cfg = self.hacpo_loss_config
         ratio = peer_log_ratios(logps, trial, scored, cfg).exp()[candidates[scored]]
         sources = [s for s, ok in zip(rows.sources, rows.valid, strict=True) if ok]
         bound = stepwise_lower_bound(0, cfg.delta, cfg.delta_step)
         counts = peers_in_band(ratio, sources, peers, bound)
-        local = torch.tensor([counts[p] for p in peers], dtype=torch.long, device=device)
+        local = torch.tensor([counts[p] for p in peers], dtype=torch.long, device=self.accelerator.device)
         total = self.accelerator.gather(local).view(-1, len(peers)).sum(0).tolist()
         return dict(zip(peers, total, strict=True))
 
