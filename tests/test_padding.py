@@ -24,7 +24,15 @@ COMPLETION_MASK = [[1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0], [
 def _trainer(model, trim: bool) -> HACPOTrainer:
     """Just what the forward hook reads: no process group, no dataset."""
     trainer = object.__new__(HACPOTrainer)
-    trainer.args = SimpleNamespace(trim_padding=trim, gradient_accumulation_steps=1, steps_per_generation=1)
+    trainer.args = SimpleNamespace(
+        trim_padding=trim,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        per_device_train_batch_size=4,
+        share_rollouts=False,
+        solo_steps_per_generation=None,
+    )
+    trainer.agent_names = ["a"]
     trainer.accelerator = SimpleNamespace(autocast=contextlib.nullcontext, is_main_process=True)
     trainer.model = model
     trainer._forward_pass, trainer._generation_forwards = "other", 0
@@ -139,6 +147,26 @@ def test_generation_passes_are_named():
         for _ in range(2):
             trainer._get_per_token_logps_and_entropies(model, ids, mask, keep, batch_size=2)
     assert sorted(trainer._padding_sums["train"]) == ["old_logps", "ref_logps"]
+
+
+@pytest.mark.parametrize("solo, rows", [(None, 1), (2, 2)])
+def test_old_logps_are_computed_in_the_chunks_of_a_solo_batchs_updates(solo, rows):
+    """TRL's old log-probs of a 4-row generation batch of 4 updates (its mini-batch: 1 row): with
+    `solo_steps_per_generation: 2` in a sharing run they are computed 2 rows at a time, as GSPO's 2 updates of 2 rows
+    compute them (the same chunks, so the same rounding); without it, TRL's 1 row at a time. Read off the tokens each
+    chunk processes at its own width."""
+    model, tok = MODELS["llama"]()
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    trainer = _trainer(model, True)
+    trainer.use_vllm, trainer.num_iterations, trainer.agent_names = False, 1, ["a", "b"]
+    trainer.args.steps_per_generation, trainer.args.per_device_train_batch_size = 4, 1
+    trainer.args.share_rollouts, trainer.args.solo_steps_per_generation = True, solo
+    ids, mask, keep = _batch(len(tok), tok.pad_token_id)
+    with torch.no_grad(), trainer._pass("generation"):
+        trainer._get_per_token_logps_and_entropies(model, ids, mask, keep, batch_size=1)
+    tokens = {n: sum(c.tokens for c in padding.chunk_trims(mask[padding.length_order(mask)], keep, n)) for n in (1, 2)}
+    assert tokens[1] != tokens[2]  # the two chunkings are told apart
+    assert trainer._padding_sums["train"]["old_logps"][0] == tokens[rows]
 
 
 def test_length_groups_by_hand():

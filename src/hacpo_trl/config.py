@@ -288,7 +288,9 @@ class HACPOConfig(GRPOConfig):
             parameter without a gradient untouched). The paper's schedule fixes the *mini-batch size* (the official
             code's `ppo_mini_batch_size`), so the number of updates follows the rows: with one peer, 4 updates of
             16 own + 16 peer rows when sharing, and `2` here gives 2 updates of 32 own rows when not, which is GSPO
-            with the paper's schedule exactly (TRL's `GRPOTrainer`, `steps_per_generation: 2`, 32 rows). `None`
+            with the paper's schedule exactly (TRL's `GRPOTrainer`, `steps_per_generation: 2`, 32 rows), bit for
+            bit: old log-probs are then computed in chunks of 32 rows (also at batches with peers, where only the
+            learner's own rows' rounding changes) and a batch without peer rows is trained with TRL's loss. `None`
             (default): `steps_per_generation` updates of fewer rows (the same hyperparameters as GSPO, not the
             same updates). Must divide `steps_per_generation` and be a multiple of `gradient_accumulation_steps`.
             May differ per agent (`overrides`).

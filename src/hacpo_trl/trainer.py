@@ -149,6 +149,7 @@ class HACPOTrainer(GRPOTrainer):
         self._prepare_seconds = 0.0
         self._forward_pass, self._generation_forwards = "other", 0
         self._padding_sums: dict[str, dict[str, list[float]]] = {"train": {}, "eval": {}}
+        self._solo_batch = False  # whether the buffered generation batch holds own rows only (`_prepare_inputs`)
         self.add_callback(metrics.OptimizerTimer(self))
         vllm_weights = self.use_vllm and self.vllm_importance_sampling_correction
         self._self_on_policy = self_on_policy(args.gradient_accumulation_steps, self._generate_every, vllm_weights)
@@ -217,13 +218,14 @@ class HACPOTrainer(GRPOTrainer):
         generation batch) take rows in order of length and return them in the caller's order. Multimodal inputs
         and ``trim_padding=False`` keep TRL's padded forward; both count tokens processed and real."""
         n, width = input_ids.shape
-        batch_size = batch_size or n
+        name = self._pass_name()
+        batch_size = self._old_logps_chunk(n) if name == "old_logps" and self.model.training else batch_size or n
         trim = self.args.trim_padding and all(v is None for v in extra.values())
         order = padding.length_order(attention_mask) if trim and batch_size < n else None
         if order is not None:
             input_ids, attention_mask = input_ids[order], attention_mask[order]
         chunks = padding.chunk_trims(attention_mask, logits_to_keep, batch_size, trim)
-        sums = self._padding_sums["train" if self.model.training else "eval"].setdefault(self._pass_name(), [0, 0])
+        sums = self._padding_sums["train" if self.model.training else "eval"].setdefault(name, [0, 0])
         sums[0] += sum(c.tokens for c in chunks)
         sums[1] += int(attention_mask.sum())
         if not trim:
@@ -253,6 +255,15 @@ class HACPOTrainer(GRPOTrainer):
             logps = logps[inverse]
             entropy = None if entropy is None else entropy[inverse]
         return logps, entropy, (torch.stack(aux_losses).mean() if compute_aux_loss else None)
+
+    def _old_logps_chunk(self, rows: int) -> int:
+        """Rows per chunk of the no-gradient pass over a generation batch's old log-probs (TRL's or ours): the rows
+        of one update of a solo batch (`_solo_steps`), i.e. TRL's mini-batch unless `solo_steps_per_generation` is
+        set. A learner gated off at a batch then computes them in GSPO's chunks, so with GSPO's own loss
+        (`_hacpo_loss`) it trains bit for bit as GSPO; with peers, its own rows' old log-probs differ from TRL's
+        chunking by float rounding only."""
+        steps = self._solo_steps()
+        return rows // steps if rows % steps == 0 else self.args.per_device_train_batch_size
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
@@ -311,7 +322,7 @@ class HACPOTrainer(GRPOTrainer):
                 prompt_completion,
                 attention,
                 batch["completion_ids"].size(1),
-                batch_size=self.args.per_device_train_batch_size,
+                batch_size=self.args.per_device_train_batch_size,  # in training, `_old_logps_chunk`'s
             )
             return logps
 
@@ -458,6 +469,7 @@ class HACPOTrainer(GRPOTrainer):
                 batch = self._generate_and_score_completions(generation_batch)
                 n_self = batch.pop("hacpo_num_self", None)
                 steps = self.args.steps_per_generation
+                self._solo_batch = n_self is None  # own rows only: trained with TRL's own loss (`_hacpo_loss`)
                 if n_self is None:
                     batch = shuffle_sequence_dict(batch)  # exactly TRL's order when there are no peer rows
                     steps = self._solo_steps()
@@ -541,9 +553,11 @@ class HACPOTrainer(GRPOTrainer):
             return self._hacpo_loss(model, inputs)
 
     def _hacpo_loss(self, model, inputs):
-        if not self.args.share_rollouts:  # an independent baseline: TRL's own objective, untouched
-            return super()._compute_loss(model, inputs)
         mode = "train" if self.model.training else "eval"
+        if not self.args.share_rollouts or (mode == "train" and self._solo_batch):
+            # an independent baseline, or a learner with no peer row at this batch: TRL's own objective, untouched,
+            # so that it trains bit for bit as GSPO (hacpo_loss equals it only up to float rounding)
+            return super()._compute_loss(model, inputs)
         ga_steps = self.current_gradient_accumulation_steps
         update_index = current_update(self._step, self._generate_every, ga_steps) if mode == "train" else 0
         is_peer, valid = inputs["hacpo_is_peer"], inputs["hacpo_valid"]
