@@ -141,16 +141,54 @@ def _resolve(settings: dict, pair: str, run_steps: int) -> dict:
     return {k: v.format(**fill) if isinstance(v, str) else v for k, v in settings.items()}
 
 
+def pair_steps(pair: str, args) -> int:
+    """The pair's horizon in generation batches: `--steps`, unless `--pair_steps` names the pair."""
+    return args.pair_steps.get(pair, args.steps)
+
+
 def _argv(pair: str, name: str, settings: dict, updates: int, seed: int, args) -> list[str]:
-    """`hacpo-train` arguments of one run: `--steps` generation batches, i.e. `steps x updates` optimizer steps."""
-    settings = _resolve(settings, pair, args.steps * updates)
+    """`hacpo-train` arguments of one run: the pair's generation batches (`pair_steps`), i.e. x `updates` optimizer
+    steps."""
+    steps = pair_steps(pair, args)
+    settings = _resolve(settings, pair, steps * updates)
     return [
-        "--config", str(ROOT / "recipes" / f"tiny_{pair}.yaml"), "--output_dir", str(_folder(args.out, pair, name, seed)),
-        "--seed", str(seed), "--max_steps", str(args.steps * updates), "--plot", "false",
+        "--config", str(recipe(pair)), "--output_dir", str(_folder(args.out, pair, name, seed)),
+        "--seed", str(seed), "--max_steps", str(steps * updates), "--plot", "false",
         "--eval_every", str(args.eval_every * updates), "--eval_split", args.split, "--logging_steps", "1",
         *_flags(settings),
         *([] if args.learning_rate is None else ["--learning_rate", str(args.learning_rate)]),
     ]  # fmt: skip
+
+
+def recipe(pair: str) -> Path:
+    return ROOT / "recipes" / f"tiny_{pair}.yaml"
+
+
+def pair_learning_rate(pair: str, args) -> float:
+    """`--learning_rate`, else the pair's recipe's (the size pair's is its own: RESULTS.md rule 5)."""
+    import yaml
+
+    return float(
+        args.learning_rate
+        if args.learning_rate is not None
+        else yaml.safe_load(recipe(pair).read_text())["learning_rate"]
+    )
+
+
+def check_run_schedule(folder: Path, pair: str, updates: int, args) -> None:
+    """A finished run is reused only if it was trained for this pair's horizon and learning rate (read back from its
+    curve and its first logged step): otherwise a changed `--steps`, `--pair_steps`, `--learning_rate` or recipe
+    rate would silently pair runs of another schedule with new ones."""
+    summary = json.loads((folder / "hacpo_summary.json").read_text())
+    want = {"optimizer steps": pair_steps(pair, args) * updates, "learning rate": pair_learning_rate(pair, args)}
+    for agent in PAIRS[pair]:
+        first = json.loads((folder / agent / "log_history.json").read_text())[0]
+        got = {"optimizer steps": summary[agent]["curve"][-1][0], "learning rate": first["learning_rate"]}
+        if got != want:
+            raise SystemExit(
+                f"reproduce: the finished run {folder} ({agent}) was trained with {got}, this command asks for {want}; "
+                "pass another --out, or move the run away"
+            )
 
 
 AGENTS_RECORD = "agents.json"  # in <out>/<pair>/: what the pair's agents were built to when its runs were made
@@ -196,6 +234,8 @@ def run_pair(pair: str, jobs: list[tuple[str, dict, int, int]], args, started: f
     they were made from the agents built here (`check_reused_agents`)."""
     todo = [j for j in jobs if not (_folder(args.out, pair, j[0], j[3]) / "hacpo_summary.json").exists()]
     check_reused_agents(args.out, pair, finished=len(jobs) - len(todo))
+    for name, _, updates, seed in (j for j in jobs if j not in todo):
+        check_run_schedule(_folder(args.out, pair, name, seed), pair, updates, args)
     if todo:
         jobs_file = args.out / f"{pair}-jobs.json"
         jobs_file.write_text(json.dumps([_argv(pair, *job, args) for job in todo]))
@@ -317,6 +357,13 @@ def main(argv: list[str] | None = None) -> int:
         "--seeds", type=int, nargs="+", default=None, help="default: 0-7 on test, 100-107 (disjoint) on validation"
     )
     parser.add_argument("--steps", type=int, default=12, help="generation batches (steps of 8 prompts) per run")
+    parser.add_argument(
+        "--pair_steps",
+        nargs="+",
+        default=[],
+        metavar="PAIR=N",
+        help="another horizon for some pairs (e.g. size=64, chosen on validation: RESULTS.md rule 5)",
+    )
     parser.add_argument("--eval_every", type=int, default=6, help="also evaluate every N generation batches (0: off)")
     parser.add_argument(
         "--learning_rate", type=float, default=None, help="every method's learning rate (default: the recipe's)"
@@ -341,6 +388,12 @@ def main(argv: list[str] | None = None) -> int:
         "benchmarks/screens/<split>-<steps>steps[-lrX]/RESULTS.md, so it never overwrites the held-out results",
     )
     args = parser.parse_args(argv)
+    try:
+        args.pair_steps = {k: int(v) for k, v in (item.split("=", 1) for item in args.pair_steps)}
+    except ValueError:
+        parser.error(f"--pair_steps takes PAIR=N items (e.g. size=64), got {args.pair_steps}")
+    if set(args.pair_steps) - set(PAIRS) or any(n < 1 for n in args.pair_steps.values()):
+        parser.error(f"--pair_steps: pairs are {list(PAIRS)} and N >= 1, got {args.pair_steps}")
     if args.seeds is None:  # settings are chosen with seeds the held-out grid never uses
         args.seeds = list(range(100, 108)) if args.split == "validation" else list(range(8))
     if args.quick:
@@ -444,7 +497,8 @@ def _report(results, args, methods, rollouts) -> dict:
             if "median" in entry["peer"][agent].get("HACPO", {}):
                 entry["peer_ratio_median"][agent] = entry["peer"][agent]["HACPO"]["median"]
         entry["rollouts_per_step"] = {m: rollouts[m] for m in by_method}
-        entry["rollouts_total"] = {m: rollouts[m] * args.steps for m in by_method}
+        entry["steps"], entry["learning_rate"] = pair_steps(pair, args), pair_learning_rate(pair, args)
+        entry["rollouts_total"] = {m: rollouts[m] * entry["steps"] for m in by_method}
         settings[pair] = entry
     return {
         "task": "arithmetic_trace",
@@ -501,6 +555,7 @@ def _markdown(report, args, methods, run_seconds, argv) -> list[str]:
     ]
     for pair, entry in report["settings"].items():
         lines += [f"### {pair} ({' + '.join(entry['agents'])})", ""]
+        lines += [f"{entry['steps']} generation batches, learning rate {entry['learning_rate']:g}.", ""]
         before = ", ".join(f"{a} {entry['accuracy_before'][a]:.3f}" for a in entry["agents"])
         lines += [f"Before RL: {before}.", ""]
         header = "| method | rollouts / step | updates |"

@@ -88,9 +88,10 @@ def test_method_settings_name_the_pairs_stronger_agent_and_the_run_length(tmp_pa
     import reproduce
 
     args = argparse.Namespace(out=tmp_path, steps=12, eval_every=6, split="validation", learning_rate=None)
+    args.pair_steps = {"size": 20}  # the size pair's own horizon: 20 generation batches x 4 updates
     settings, _, updates = reproduce.METHODS["HACPO directed (stronger learns from none)"]
     argv = reproduce._argv("size", "HACPO directed (stronger learns from none)", settings, updates, 100, args)
-    assert argv[argv.index("--learn_from") + 1] == "trace-large" and argv[argv.index("--max_steps") + 1] == "48"
+    assert argv[argv.index("--learn_from") + 1] == "trace-large" and argv[argv.index("--max_steps") + 1] == "80"
     settings, _, updates = reproduce.METHODS["HACPO peer fade"]
     argv = reproduce._argv("state", "HACPO peer fade", settings, updates, 100, args)
     assert argv[argv.index("--peer_fade_steps") + 1] == "48" and argv[argv.index("--eval_split") + 1] == "validation"
@@ -123,3 +124,40 @@ def test_finished_runs_are_reused_only_with_the_agents_they_were_trained_from(tm
     (tmp_path / "state" / "agents.json").write_text(json.dumps(elsewhere))
     with pytest.raises(SystemExit, match=r"trained from other agents than the ones built here .*'steps': 340"):
         reproduce.check_reused_agents(tmp_path, "state", finished=3)
+
+
+def _finished_run(folder: Path, steps: int, rate: float) -> None:
+    folder.mkdir(parents=True)
+    summary = {}
+    for agent in ("trace-instruct", "trace-base"):
+        (folder / agent).mkdir()
+        (folder / agent / "log_history.json").write_text(json.dumps([{"step": 1, "learning_rate": rate}]))
+        summary[agent] = {"curve": [[0, 0.5], [steps, 0.6]]}
+    (folder / "hacpo_summary.json").write_text(json.dumps(summary))
+
+
+def test_finished_runs_are_reused_only_with_this_commands_horizon_and_learning_rate(tmp_path):
+    """A run finished at another horizon (`--steps`, `--pair_steps`) or learning rate (`--learning_rate` or the
+    recipe's) is refused by name, not paired with new runs; bad `--pair_steps` are refused before anything runs."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+
+    args = argparse.Namespace(steps=12, pair_steps={}, learning_rate=None)
+    _finished_run(tmp_path / "a", steps=24, rate=1e-4)  # 12 batches x 2 updates at the state recipe's 1e-4
+    reproduce.check_run_schedule(tmp_path / "a", "state", 2, args)
+    with pytest.raises(SystemExit, match=r"'optimizer steps': 24.*'optimizer steps': 32"):
+        reproduce.check_run_schedule(tmp_path / "a", "state", 2, argparse.Namespace(**{**vars(args), "steps": 16}))
+    with pytest.raises(SystemExit, match=r"'optimizer steps': 24.*'optimizer steps': 40"):
+        reproduce.check_run_schedule(
+            tmp_path / "a", "state", 2, argparse.Namespace(**{**vars(args), "pair_steps": {"state": 20}})
+        )
+    with pytest.raises(SystemExit, match=r"'learning rate': 0\.0001.*'learning rate': 0\.0003"):
+        reproduce.check_run_schedule(
+            tmp_path / "a", "state", 2, argparse.Namespace(**{**vars(args), "learning_rate": 3e-4})
+        )
+    assert reproduce.pair_learning_rate("size", args) == 5e-5  # the size pair's recipe rate (RESULTS.md rule 5)
+    for bad in (["size"], ["sizes=3"], ["size=0"], ["size=x"]):
+        with pytest.raises(SystemExit) as stop:
+            reproduce.main(["--pair_steps", *bad, "--out", str(tmp_path / "never")])
+        assert stop.value.code == 2
+    assert not (tmp_path / "never").exists()
