@@ -104,6 +104,12 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
     "HACPO correct + gate 1.0 + GSPO solo updates + band gate": (
         {"peer_filter": "correct", "capability_gate": 1.0, **SOLO, "band_gate": True, **HACPO_SCHEDULE}, 8, 4,
     ),
+    # and the capability gate closed for the first 5 generation batches (P̂ over a full window of the paper's 5)
+    "HACPO correct + gate 1.0 + GSPO solo updates + band gate + gate warm-up 5": (
+        {"peer_filter": "correct", "capability_gate": 1.0, "capability_gate_warmup": 5, **SOLO, "band_gate": True,
+         **HACPO_SCHEDULE},
+        8, 4,
+    ),
 }  # fmt: skip
 METHODS |= CANDIDATES
 # the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset

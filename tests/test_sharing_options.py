@@ -61,6 +61,21 @@ def test_gate_switches_as_capabilities_cross():
     assert opened == [([], ["A"]), (["B"], []), ([], ["A"])]
 
 
+def test_gate_warmup_keeps_every_peer_closed_for_the_first_batches():
+    """The validation split's case: after one batch the stronger A reads P̂ 0.08 and its weaker peer B 0.12, so a
+    gate of 1 alone would open B to A. With a warm-up of 5 batches no peer opens before 5 batches were seen (the
+    weakest learner's neither), and from then on the gate decides as without it. No gate: the warm-up has nothing to
+    keep closed."""
+    caps = {"A": 0.08, "B": 0.12, "C": 0.5}
+    assert open_peers("A", AGENTS, caps, None, 1.0) == ["B", "C"]
+    for seen in range(5):
+        assert open_peers("A", AGENTS, caps, None, 1.0, gate_warmup=5, batches_seen=seen) == []
+        assert open_peers("B", AGENTS, caps, None, 1.0, gate_warmup=5, batches_seen=seen) == []
+    assert open_peers("A", AGENTS, caps, None, 1.0, gate_warmup=5, batches_seen=5) == ["B", "C"]
+    assert open_peers("C", AGENTS, caps, None, 1.0, gate_warmup=5, batches_seen=9) == []
+    assert open_peers("A", AGENTS, caps, None, 0.0, gate_warmup=5, batches_seen=0) == ["B", "C"]
+
+
 @pytest.mark.parametrize(
     "args, match",
     [
@@ -69,6 +84,9 @@ def test_gate_switches_as_capabilities_cross():
         (("A", AGENTS, {"A": 1, "B": 1, "C": 1}, None, -0.1), r"`capability_gate` .* got -0.1"),
         (("A", AGENTS, {"A": 1, "B": 1, "C": 1}, None, float("nan")), "capability_gate"),
         (("A", AGENTS, {"A": 1, "B": 1}), r"missing agents \['C'\]"),
+        (("A", AGENTS, {"A": 1, "B": 1, "C": 1}, None, 1.0, -1), r"`gate_warmup` must be an integer >= 0, got -1"),
+        (("A", AGENTS, {"A": 1, "B": 1, "C": 1}, None, 1.0, 2.5), r"`gate_warmup` .* got 2.5"),
+        (("A", AGENTS, {"A": 1, "B": 1, "C": 1}, None, 1.0, 2, True), r"`batches_seen` .* got True"),
     ],
 )
 def test_open_peers_bad_input(args, match):
@@ -177,6 +195,12 @@ def test_learn_from_and_gate_resolve_per_agent(tmp_path):
         ({"agents": {"solo": {"overrides": {"capability_gate": "high"}}}}, r"agent 'solo': `capability_gate`.*'high'"),
         ({"agents": {"solo": {"overrides": {"peer_filter": "best"}}}}, r"agent 'solo': `peer_filter` .* 'best'"),
         ({"peer_fade_steps": -3}, r"`peer_fade_steps` must be an integer >= 0, got -3"),
+        ({"capability_gate": 1.0, "capability_gate_warmup": -1}, r"`capability_gate_warmup` must be .* got -1"),
+        ({"capability_gate_warmup": 5}, r"`capability_gate_warmup` keeps .* `capability_gate` is 0"),
+        (
+            {"agents": {"solo": {"overrides": {"capability_gate_warmup": 5}}}},
+            r"agent 'solo': `capability_gate_warmup` keeps",
+        ),
         ({"band_gate": "yes"}, r"`band_gate` must be true or false, got 'yes'"),
         ({"band_gate": True, "naive": True}, r"`band_gate` closes a peer .* there is no band"),
         (
@@ -434,6 +458,22 @@ def test_gate_and_fade_through_the_trainer_and_others_receive_the_same(learns_fr
     assert _metric(qwen, "hacpo/peer_rows") == [8, 8, 0, 0]
     _, (_, qwen_none) = learns_from_none
     assert qwen["peers"]["rows"] == qwen_none["peers"]["rows"] and len(qwen["peers"]["rows"]) == 8
+
+
+@pytest.mark.timeout(900)
+def test_gate_warmup_closes_every_peer_for_the_first_batches_through_the_trainer(tmp_path, launch):
+    """llama0 with a gate of 1e-9 (open whenever qwen1 has any capability) and a warm-up of 2 generation batches:
+    closed at batches 1 and 2 although the gate alone would open them, then as the gate says, with peer rows."""
+    from conftest import summaries
+
+    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8",
+           "--override", "0:capability_gate=1e-9", "--override", "0:capability_gate_warmup=2")  # fmt: skip
+    llama, _ = summaries(tmp_path)
+    caps = zip(_metric(llama, "hacpo/capability/llama0"), _metric(llama, "hacpo/capability/qwen1"), strict=True)
+    by_gate = [float(q >= 1e-9 * a) for a, q in caps]
+    assert by_gate[:2] == [1.0, 1.0] and 1.0 in by_gate[2:]  # the gate alone would open the first two batches
+    assert _metric(llama, "hacpo/learns_from/qwen1") == [0.0, 0.0, *by_gate[2:]]
+    assert [n > 0 for n in _metric(llama, "hacpo/peer_rows")] == [False, False, *(g > 0 for g in by_gate[2:])]
 
 
 def test_options_are_recipe_settings(tmp_path, capsys):

@@ -226,6 +226,8 @@ def open_peers(
     capabilities: Mapping[str, float],
     learn_from: Sequence[str] | None = None,
     capability_gate: float = 0.0,
+    gate_warmup: int = 0,
+    batches_seen: int = 0,
 ) -> list[str]:
     """The peers ``learner`` learns from at this generation batch, in ``agents`` order (not in the paper).
 
@@ -234,6 +236,10 @@ def open_peers(
     opens and closes by itself as capabilities cross during training; ``capability_gate=0`` keeps every named peer
     open, 1 opens only peers at least as capable as the learner. A learner with no open peer trains on its own rows
     alone, as GSPO does. The choice is the learner's only: every agent still shares its own rollouts with all.
+
+    With a gate, ``gate_warmup`` > 0 keeps every peer closed while fewer than that many generation batches have been
+    seen before this one (``batches_seen``): P̂ from one or two batches is too noisy to rank agents by (on the
+    validation split one batch put a stronger agent at 0.08 against its weaker peer's 0.12, and the gate opened).
     """
     agents = list(agents)
     if learner not in agents:
@@ -244,9 +250,14 @@ def open_peers(
         raise ValueError(f"`learn_from` names unknown agent(s) {unknown}; agents are {agents}")
     if not (isinstance(capability_gate, int | float) and math.isfinite(capability_gate) and capability_gate >= 0):
         raise ValueError(f"`capability_gate` must be a finite number >= 0, got {capability_gate!r}")
+    for name, value in (("gate_warmup", gate_warmup), ("batches_seen", batches_seen)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"`{name}` must be an integer >= 0, got {value!r}")
     missing = [a for a in agents if a not in capabilities]
     if missing:
         raise ValueError(f"`capabilities` is missing agents {missing}")
+    if capability_gate > 0 and batches_seen < gate_warmup:
+        return []
     own = capabilities[learner]
     return [a for a in agents if a != learner and a in names and capabilities[a] >= capability_gate * own]
 

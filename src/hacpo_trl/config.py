@@ -268,6 +268,11 @@ class HACPOConfig(GRPOConfig):
             learns only from peers at least as capable, `0.8` also from peers up to 20% weaker; `0` keeps every peer
             of `learn_from` open. A learner with every peer gated off trains as with `learn_from: none` (GSPO).
             Logged as `hacpo/learns_from/<peer>` (1 open, 0 closed). May differ per agent (`overrides`).
+        capability_gate_warmup (`int`, *optional*, defaults to `0`):
+            With `capability_gate` > 0, keep every peer closed for this learner's first N generation batches: P̂
+            from a batch or two is too noisy to rank agents by, and one early batch of a weaker peer's rows can
+            cost a stronger learner (seen on the validation split). `capability_window` (the paper's 5) waits for
+            a full window. Refused without a gate. May differ per agent (`overrides`).
         band_gate (`bool`, *optional*, defaults to `False`):
             Also close a peer at a generation batch when none of its rows (after `peer_filter`) lies in the band
             [lb_0, 1] under the learner before the batch's first update: such a peer gives no gradient (every row
@@ -394,6 +399,9 @@ class HACPOConfig(GRPOConfig):
     )
     capability_gate: float = field(
         default=0.0, metadata={"help": "Learn from a peer only while P̂_peer >= gate x P̂_learner; 0 = always."}
+    )
+    capability_gate_warmup: int = field(
+        default=0, metadata={"help": "With a gate: every peer closed for the first N generation batches."}
     )
     band_gate: bool = field(
         default=False, metadata={"help": "Learn from a peer only at batches where some of its rows are in the band."}
@@ -539,6 +547,14 @@ class HACPOConfig(GRPOConfig):
         gate = values.get("capability_gate")
         if isinstance(gate, bool) or not (isinstance(gate, int | float) and math.isfinite(gate) and gate >= 0):
             raise ValueError(f"{who}`capability_gate` must be a finite number >= 0, got {gate!r}")
+        warmup = values.get("capability_gate_warmup")
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"{who}`capability_gate_warmup` must be an integer >= 0, got {warmup!r}")
+        if warmup and not gate:
+            raise ValueError(
+                f"{who}`capability_gate_warmup` keeps the capability gate closed for the first {warmup} generation "
+                "batches, and `capability_gate` is 0 (no gate): set capability_gate > 0 or the warm-up to 0"
+            )
         band = values.get("band_gate")
         if not isinstance(band, bool):
             raise ValueError(f"{who}`band_gate` must be true or false, got {band!r}")
