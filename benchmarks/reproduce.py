@@ -23,6 +23,7 @@ Methods: GRPO, GSPO, GSPO×2, Naive sharing, HACPO (self-first peer layout, the 
 interleaved layout (what the official code does on 8 GPUs), HACPO with the library's remedy (`REMEDY`), each
 protective sharing option alone (directed: the stronger agent learns from no one; capability gate; peer fade) and
 the recommended preset (`RECOMMENDED`, chosen on the validation split); on one pair the ablations of the paper.
+`--pairs equal` measures two agents of about equal strength (not in the default grid).
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ sys.path.insert(0, str(ROOT / "src"))
 from _common import free_port, provenance, write_section  # noqa: E402
 
 from hacpo_trl.demo import PAIRS  # noqa: E402
+
+# the paper's four pairs (the grid) and, measured apart (`--pairs equal`), two agents of about equal strength: both built
+# to the stronger band, of different architecture and tokenizer (recipes/tiny_equal.yaml)
+PAIR_AGENTS = {**PAIRS, "equal": ("trace-instruct", "trace-qwen2")}
 
 PROMPTS_PER_STEP = 8
 EVALUATED = {"test": "500 held-out", "validation": "300 validation"}  # arithmetic_trace's splits (eval_samples 500)
@@ -187,7 +192,7 @@ def check_run_schedule(folder: Path, pair: str, updates: int, args) -> None:
     rate would silently pair runs of another schedule with new ones."""
     summary = json.loads((folder / "hacpo_summary.json").read_text())
     want = {"optimizer steps": pair_steps(pair, args) * updates, "learning rate": pair_learning_rate(pair, args)}
-    for agent in PAIRS[pair]:
+    for agent in PAIR_AGENTS[pair]:
         first = json.loads((folder / agent / "log_history.json").read_text())[0]
         got = {"optimizer steps": summary[agent]["curve"][-1][0], "learning rate": first["learning_rate"]}
         if got != want:
@@ -206,7 +211,7 @@ def _built_agents(pair: str) -> dict[str, dict]:
     from hacpo_trl.demo import build_agent, build_record
 
     built = {}
-    for agent in PAIRS[pair]:
+    for agent in PAIR_AGENTS[pair]:
         folder = build_agent(agent)
         record = build_record(folder) or {}
         keep = ("steps", "validation_accuracy", "band", "measure", "greedy_accuracy")
@@ -336,7 +341,7 @@ def _plot(curves: dict, pairs: list[str], methods: list[str], rollouts: dict[str
 
     fig, axes = plt.subplots(len(pairs), 2, figsize=(11, 3.6 * len(pairs)), squeeze=False)
     for row, pair in enumerate(pairs):
-        for ax, agent in zip(axes[row], PAIRS[pair], strict=True):
+        for ax, agent in zip(axes[row], PAIR_AGENTS[pair], strict=True):
             for method in methods:
                 runs = curves.get(pair, {}).get(method, {}).get(agent, [])
                 if not runs:
@@ -374,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--learning_rate", type=float, default=None, help="every method's learning rate (default: the recipe's)"
     )
-    parser.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
+    parser.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIR_AGENTS))
     parser.add_argument("--methods", nargs="+", default=None, help="a subset of the methods by name")
     parser.add_argument("--ablation_pair", default="state", help="the pair the ablation grid runs on ('' = none)")
     parser.add_argument("--ablation_seeds", type=int, default=8, help="seeds of each ablation (the first N)")
@@ -398,8 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         args.pair_steps = {k: int(v) for k, v in (item.split("=", 1) for item in args.pair_steps)}
     except ValueError:
         parser.error(f"--pair_steps takes PAIR=N items (e.g. size=64), got {args.pair_steps}")
-    if set(args.pair_steps) - set(PAIRS) or any(n < 1 for n in args.pair_steps.values()):
-        parser.error(f"--pair_steps: pairs are {list(PAIRS)} and N >= 1, got {args.pair_steps}")
+    if set(args.pair_steps) - set(PAIR_AGENTS) or any(n < 1 for n in args.pair_steps.values()):
+        parser.error(f"--pair_steps: pairs are {list(PAIR_AGENTS)} and N >= 1, got {args.pair_steps}")
     if args.seeds is None:  # settings are chosen with seeds the held-out grid never uses
         args.seeds = list(range(100, 108)) if args.split == "validation" else list(range(8))
     if args.quick:
@@ -448,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     report["recommended_settings"] = {k: v for k, v in preset.items() if k not in HACPO_SCHEDULE} or None
     (args.results.parent / "results.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
     curves = {
-        p: {m: {a: [r[a]["curve"] for r in runs.values()] for a in PAIRS[p]} for m, runs in by_m.items()}
+        p: {m: {a: [r[a]["curve"] for r in runs.values()] for a in PAIR_AGENTS[p]} for m, runs in by_m.items()}
         for p, by_m in results.items()
     }
     _plot(curves, args.pairs, list(methods), rollouts, args.results.parent / "learning_curves.png")
@@ -462,7 +467,7 @@ def _report(results, args, methods, rollouts) -> dict:
     """results.json: settings.<pair>.accuracy.<agent>.<method> = per-seed accuracies (in seed order) and more."""
     settings = {}
     for pair, by_method in results.items():
-        agents = PAIRS[pair]
+        agents = PAIR_AGENTS[pair]
         entry: dict = {"agents": list(agents), "seeds": args.seeds, "accuracy": {}, "accuracy_before": {}}
         entry |= {"paired_vs_GSPO": {}, "peer": {}, "peer_ratio_median": {}, "rollouts_per_step": {}}
         entry |= {"vs_before": {}, "curve": {}}

@@ -21,9 +21,12 @@ from _common import free_port, provenance, write_section  # noqa: E402
 AGENTS = {"trace-instruct": "state", "trace-base": "state", "trace-small": "size"}  # agent -> its two-agent pair
 
 
-def _accuracies(out: Path, pair: str, method: str, seeds: list[int], agent: str) -> list[float]:
+def _accuracies(out: Path, pair: str, method: str, seeds: list[int], agent: str, batches: int) -> list[float]:
+    """The agent's held-out accuracy after ``batches`` generation batches: at the end of the run, or the evaluation
+    of a longer run at that point (the size pair runs 64 batches, RESULTS.md rule 5; its curve has 48)."""
     folders = [rp._folder(out, pair, method, s) / "hacpo_summary.json" for s in seeds]
-    return [json.loads(f.read_text())[agent]["accuracy_after"] for f in folders]
+    step = batches * rp.UPDATES[method]  # curves count optimizer steps
+    return [dict(json.loads(f.read_text())[agent]["curve"])[step] for f in folders]
 
 
 def _paired(a: list[float], b: list[float]) -> str:
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=rp.ROOT / "benchmarks" / "three-agents" / "RESULTS.md")
     args = parser.parse_args(argv)
     args.out = args.out or rp.ROOT / "benchmarks" / "runs" / f"{args.split}-{args.steps}steps-b3"
-    args.learning_rate = None
+    args.learning_rate, args.pair_steps = None, {}  # the recipe's rates (trace-small's is its pair's, 5e-5)
     settings, _, updates = rp.METHODS[rp.RECOMMENDED]
     needed = [(pair, m) for pair in set(AGENTS.values()) for m in ("GSPO", rp.RECOMMENDED)]
     missing = [f"{pair}/{m}" for pair, m in needed if not rp._folder(args.out, pair, m, args.seeds[-1]).exists()]
@@ -78,15 +81,17 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"The recommended preset (`{rp.RECOMMENDED}`) with `trace-instruct`, `trace-base` and `trace-small` in one run "
         f"(`recipes/tiny_three.yaml`), {args.steps} generation batches, {args.split} split, seeds {args.seeds}. Each "
-        "agent against its own pair's two-agent runs with the same seeds (paired 95% intervals):",
+        "agent against its own pair's two-agent runs with the same seeds, at the same number of generation batches "
+        "(the size pair's runs are longer: their evaluation at that point), paired 95% intervals:",
         "",
         "| agent | its pair | GSPO | preset, two agents | preset, three agents | three − GSPO | three − two |",
         "|---|---|---|---|---|---|---|",
     ]
     for agent, pair in AGENTS.items():
-        gspo = _accuracies(args.out, pair, "GSPO", args.seeds, agent)
-        two = _accuracies(args.out, pair, rp.RECOMMENDED, args.seeds, agent)
-        three = _accuracies(args.out, "three", rp.RECOMMENDED, args.seeds, agent)
+        gspo, two, three = (
+            _accuracies(args.out, p, m, args.seeds, agent, args.steps)
+            for p, m in ((pair, "GSPO"), (pair, rp.RECOMMENDED), ("three", rp.RECOMMENDED))
+        )
         means = " | ".join(f"{statistics.mean(x):.3f}" for x in (gspo, two, three))
         lines.append(f"| {agent} | {pair} | {means} | {_paired(three, gspo)} | {_paired(three, two)} |")
     write_section(args.results, "three_agents", lines + [""])

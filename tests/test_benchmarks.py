@@ -161,3 +161,17 @@ def test_finished_runs_are_reused_only_with_this_commands_horizon_and_learning_r
             reproduce.main(["--pair_steps", *bad, "--out", str(tmp_path / "never")])
         assert stop.value.code == 2
     assert not (tmp_path / "never").exists()
+
+
+def test_every_pair_runs_the_recipe_of_its_agents():
+    """Each pair of reproduce.py (the paper's four and `equal`) trains exactly its two agents, from its recipe."""
+    import yaml
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+
+    assert list(reproduce.PAIR_AGENTS)[:4] == list(reproduce.PAIRS) and "equal" in reproduce.PAIR_AGENTS
+    for pair, agents in reproduce.PAIR_AGENTS.items():
+        recipe = yaml.safe_load(reproduce.recipe(pair).read_text())
+        assert tuple(a["name"] for a in recipe["agents"]) == agents, pair
+        assert [a["model_name_or_path"] for a in recipe["agents"]] == [f"builtin:{a}" for a in agents], pair
