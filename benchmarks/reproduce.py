@@ -115,6 +115,11 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
          **HACPO_SCHEDULE},
         8, 4,
     ),
+    # the same keeping every peer row (rule 6): the gate keeps the stronger agent GSPO, so the filter only changes
+    # what an admitted, weaker learner takes from a stronger peer
+    "HACPO gate 1.0 + GSPO solo updates + band gate + gate warm-up 5": (
+        {"capability_gate": 1.0, "capability_gate_warmup": 5, **SOLO, "band_gate": True, **HACPO_SCHEDULE}, 8, 4,
+    ),
 }  # fmt: skip
 METHODS |= CANDIDATES
 # the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset
