@@ -120,6 +120,13 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
     "HACPO gate 1.0 + GSPO solo updates + band gate + gate warm-up 5": (
         {"capability_gate": 1.0, "capability_gate_warmup": 5, **SOLO, "band_gate": True, **HACPO_SCHEDULE}, 8, 4,
     ),
+    # the gate judged on evidence instead of a fixed warm-up (rule 7): a peer opens once the capability windows show
+    # it at least as capable at one-sided 95% confidence
+    "HACPO correct + gate 1.0 at 95% confidence + GSPO solo updates + band gate": (
+        {"peer_filter": "correct", "capability_gate": 1.0, "capability_gate_confidence": 0.95, **SOLO,
+         "band_gate": True, **HACPO_SCHEDULE},
+        8, 4,
+    ),
 }  # fmt: skip
 METHODS |= CANDIDATES
 # the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset

@@ -9,6 +9,7 @@ from hacpo_trl.algorithm import (
     CapabilityTracker,
     HACPOLossConfig,
     capability_aware_advantages,
+    gate_evidence,
     hacpo_loss,
     open_peers,
     peer_fade_weight,
@@ -76,6 +77,63 @@ def test_gate_warmup_keeps_every_peer_closed_for_the_first_batches():
     assert open_peers("A", AGENTS, caps, None, 0.0, gate_warmup=5, batches_seen=0) == ["B", "C"]
 
 
+def test_gate_evidence_by_hand():
+    """z = (P̂_j − g·P̂_k) / sqrt(P̂_j(1 − P̂_j)/N_j + g²·P̂_k(1 − P̂_k)/N_k)."""
+    # 0.28 vs 0.11 on 64 completions each: sqrt(0.2016/64 + 0.0979/64) = sqrt(0.0046797) = 0.068408; 0.17 / it
+    assert gate_evidence(0.28, 64, 0.11, 64) == pytest.approx(0.17 / 0.0684081, rel=1e-5)  # 2.4851
+    # the validation split's one batch: 0.12 vs 0.08: sqrt(0.1056/64 + 0.0736/64) = 0.052915; 0.04 / it = 0.7559
+    assert gate_evidence(0.12, 64, 0.08, 64) == pytest.approx(0.7559289, rel=1e-6)
+    assert gate_evidence(0.08, 64, 0.12, 64) == pytest.approx(-0.7559289, rel=1e-6)
+    # the gate scales the learner: 0.5 vs 0.8 x 0.5 = 0.4, N 100 and 400: sqrt(0.0025 + 0.64 x 0.25 / 400) = 0.0538516
+    assert gate_evidence(0.5, 100, 0.5, 400, gate=0.8) == pytest.approx(0.1 / 0.0538516, rel=1e-6)
+    # more completions behind the same P̂: more evidence (a window of 5 batches of 64 against one)
+    assert gate_evidence(0.28, 320, 0.11, 320) == pytest.approx(5**0.5 * gate_evidence(0.28, 64, 0.11, 64))
+    assert gate_evidence(0.5, 0, 0.1, 64) == float("-inf")  # nothing behind P̂ (before any batch)
+    assert gate_evidence(1.0, 8, 1.0, 8) == 0.0 and gate_evidence(1.0, 8, 0.0, 8) == float("inf")
+
+
+def test_gate_confidence_opens_a_clearly_stronger_peer_and_keeps_close_ones_closed():
+    """Gate 1 at 95% (z = 1.6449): on one batch of 64 completions each, the weaker A (0.11) opens to B (0.28, z 2.49)
+    at once, while C (0.12) and D (0.08) stay closed to each other both ways (z ±0.76), which the point estimates
+    alone would open one way. With five batches behind the same P̂ (N = 320, z = 0.76 x √5 = 1.69) C opens to D."""
+    agents = ["A", "B", "C", "D"]
+    caps = {"A": 0.11, "B": 0.28, "C": 0.08, "D": 0.12}
+    one, five = dict.fromkeys(agents, 64), dict.fromkeys(agents, 320)
+    assert open_peers("C", agents, caps, None, 1.0) == ["A", "B", "D"]  # the point estimates
+    assert open_peers("A", agents, caps, None, 1.0, gate_confidence=0.95, rows=one) == ["B"]
+    assert open_peers("C", agents, caps, None, 1.0, gate_confidence=0.95, rows=one) == ["B"]  # not A (0.4), not D
+    assert open_peers("D", agents, caps, None, 1.0, gate_confidence=0.95, rows=one) == ["B"]
+    assert open_peers("C", agents, caps, None, 1.0, gate_confidence=0.95, rows=five) == ["B", "D"]
+    assert open_peers("B", agents, caps, None, 1.0, gate_confidence=0.95, rows=five) == []  # the strongest
+    # before any batch (P̂ = 1 for all, nothing behind it) every peer is closed; confidence 0.5 is the plain gate
+    assert open_peers("A", agents, dict.fromkeys(agents, 1.0), None, 1.0, 0, 0, 0.95, dict.fromkeys(agents, 0)) == []
+    assert open_peers("C", agents, caps, None, 1.0, gate_confidence=0.5, rows=one) == ["A", "B", "D"]
+    # no gate: nothing to judge (the config refuses a confidence without one)
+    assert open_peers("B", agents, caps, None, 0.0, gate_confidence=0.95, rows=one) == ["A", "C", "D"]
+
+
+def test_tracker_counts_the_completions_behind_each_capability():
+    """rows(): completions in each agent's window, which slides with it; a state saved before rows were kept loads
+    with 0 behind each entry (no evidence until the window refills)."""
+    tracker = CapabilityTracker(["A", "B"], window=2)
+    assert tracker.rows() == {"A": 0, "B": 0}
+    tracker.update({"A": [1, 0, 0, 0], "B": [1, 1]})
+    tracker.update({"A": [1, 1, 0], "B": [0, 1, 1, 1, 1]})
+    assert tracker.rows() == {"A": 7, "B": 7}
+    tracker.update({"A": [1], "B": [0, 0]})  # the first entries leave the window
+    assert tracker.rows() == {"A": 4, "B": 7}
+    restored = CapabilityTracker(["A", "B"], window=2)
+    restored.load_state_dict(tracker.state_dict())
+    assert restored.rows() == tracker.rows() and restored.capabilities() == tracker.capabilities()
+    old = {k: v for k, v in tracker.state_dict().items() if k != "rows"}
+    restored.load_state_dict(old)
+    assert restored.rows() == {"A": 0, "B": 0} and restored.capabilities() == tracker.capabilities()
+    restored.update({"A": [1, 1], "B": [0, 1]})
+    assert restored.rows() == {"A": 2, "B": 2}
+    with pytest.raises(ValueError, match="malformed `rows`"):
+        restored.load_state_dict({**tracker.state_dict(), "rows": {"A": [1], "B": [1, 2]}})
+
+
 @pytest.mark.parametrize(
     "args, match",
     [
@@ -87,6 +145,10 @@ def test_gate_warmup_keeps_every_peer_closed_for_the_first_batches():
         (("A", AGENTS, {"A": 1, "B": 1, "C": 1}, None, 1.0, -1), r"`gate_warmup` must be an integer >= 0, got -1"),
         (("A", AGENTS, {"A": 1, "B": 1, "C": 1}, None, 1.0, 2.5), r"`gate_warmup` .* got 2.5"),
         (("A", AGENTS, {"A": 1, "B": 1, "C": 1}, None, 1.0, 2, True), r"`batches_seen` .* got True"),
+        (("A", AGENTS, {"A": 1, "B": 1, "C": 1}, None, 1.0, 0, 0, 0.3), r"`gate_confidence` must be 0 .* got 0.3"),
+        (("A", AGENTS, {"A": 1, "B": 1, "C": 1}, None, 1.0, 0, 0, 1.0), r"`gate_confidence` .* got 1.0"),
+        (("A", AGENTS, {"A": 1, "B": 1, "C": 1}, None, 1.0, 0, 0, 0.9), r"`rows` .* is needed"),
+        (("A", AGENTS, {"A": 1, "B": 1, "C": 1}, None, 1.0, 0, 0, 0.9, {"A": 1, "B": 1}), r"`rows` .* is needed"),
     ],
 )
 def test_open_peers_bad_input(args, match):
@@ -200,6 +262,17 @@ def test_learn_from_and_gate_resolve_per_agent(tmp_path):
         (
             {"agents": {"solo": {"overrides": {"capability_gate_warmup": 5}}}},
             r"agent 'solo': `capability_gate_warmup` keeps",
+        ),
+        ({"capability_gate": 1.0, "capability_gate_confidence": 1.0}, r"`capability_gate_confidence` must be .* 1.0"),
+        ({"capability_gate": 1.0, "capability_gate_confidence": True}, r"`capability_gate_confidence` .* True"),
+        ({"capability_gate_confidence": 0.95}, r"`capability_gate_confidence` asks .* `capability_gate` is 0"),
+        (
+            {"agents": {"solo": {"overrides": {"capability_gate_confidence": 0.9}}}},
+            r"agent 'solo': `capability_gate_confidence` asks",
+        ),
+        (
+            {"capability_gate": 1.0, "capability_gate_confidence": 0.95, "capability_metric": "mean_reward"},
+            r"`capability_gate_confidence` tests accuracies .* 'mean_reward'",
         ),
         ({"band_gate": "yes"}, r"`band_gate` must be true or false, got 'yes'"),
         ({"band_gate": True, "naive": True}, r"`band_gate` closes a peer .* there is no band"),
@@ -498,6 +571,37 @@ def test_gate_warmup_closes_every_peer_for_the_first_batches_through_the_trainer
     assert by_gate[:2] == [1.0, 1.0] and 1.0 in by_gate[2:]  # the gate alone would open the first two batches
     assert _metric(llama, "hacpo/learns_from/qwen1") == [0.0, 0.0, *by_gate[2:]]
     assert [n > 0 for n in _metric(llama, "hacpo/peer_rows")] == [False, False, *(g > 0 for g in by_gate[2:])]
+
+
+@pytest.mark.timeout(900)
+def test_gate_confidence_opens_as_the_logged_evidence_says_through_the_trainer(tmp_path, launch):
+    """Both agents with a gate of 1 at confidence 0.999999 (z = 4.75): at every generation batch each learner learns
+    from its peer exactly when the z of the logged capabilities, each over its window's completions (8 per batch,
+    window 5), reaches 4.75, with peer rows then and only then. At some batch the plain gate (P̂_peer >= P̂_learner,
+    open for at least one of the two at every batch) is open where the evidence is not."""
+    import statistics
+
+    from conftest import summaries
+
+    gate = ["--override", "0:capability_gate=1.0", "--override", "1:capability_gate=1.0"]
+    conf = [
+        "--override",
+        "0:capability_gate_confidence=0.999999",
+        "--override",
+        "1:capability_gate_confidence=0.999999",
+    ]
+    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "12", *gate, *conf)
+    z = statistics.NormalDist().inv_cdf(0.999999)
+    plain_only = 0
+    for summary, (me, peer) in zip(summaries(tmp_path), [("llama0", "qwen1"), ("qwen1", "llama0")], strict=True):
+        mine, theirs = _metric(summary, f"hacpo/capability/{me}"), _metric(summary, f"hacpo/capability/{peer}")
+        assert len(mine) == 6
+        rows = [8 * min(b, 5) for b in range(1, 7)]
+        expected = [float(gate_evidence(p, n, m, n) >= z) for m, p, n in zip(mine, theirs, rows, strict=True)]
+        assert _metric(summary, f"hacpo/learns_from/{peer}") == expected
+        assert [n > 0 for n in _metric(summary, "hacpo/peer_rows")] == [e > 0 for e in expected]
+        plain_only += sum(p >= m and not e for m, p, e in zip(mine, theirs, expected, strict=True))
+    assert plain_only > 0
 
 
 def test_options_are_recipe_settings(tmp_path, capsys):

@@ -16,6 +16,7 @@ used with any trainer and tested by hand-worked examples.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -29,6 +30,7 @@ __all__ = [
     "LossOutput",
     "capability_aware_advantages",
     "capability_ratio",
+    "gate_evidence",
     "hacpo_loss",
     "in_band",
     "joint_baseline",
@@ -137,6 +139,7 @@ class CapabilityTracker:
         self.floor = float(floor)
         self.steps = 0
         self._history: dict[str, deque[float]] = {a: deque(maxlen=window) for a in self.agents}
+        self._rows: dict[str, deque[int]] = {a: deque(maxlen=window) for a in self.agents}  # completions per entry
 
     def _check_agent(self, agent: str) -> None:
         if agent not in self._history:
@@ -164,6 +167,7 @@ class CapabilityTracker:
         scores = {a: self.step_score(rewards_by_agent[a]) for a in self.agents}  # validate all before mutating
         for agent, score in scores.items():
             self._history[agent].append(score)
+            self._rows[agent].append(int(torch.as_tensor(rewards_by_agent[agent]).numel()))
         self.steps += 1
         return self.capabilities()
 
@@ -177,6 +181,10 @@ class CapabilityTracker:
 
     def capabilities(self) -> dict[str, float]:
         return {a: self.capability(a) for a in self.agents}
+
+    def rows(self) -> dict[str, int]:
+        """How many completions each agent's P̂ averages (0 before any step): the sample size behind P̂."""
+        return {a: sum(self._rows[a]) for a in self.agents}
 
     def omega(self, numerator: str, denominator: str, min_ratio: float = 0.1, max_ratio: float = 10.0) -> float:
         """ω(numerator, denominator) = clamp(P̂_numerator / P̂_denominator) -- Eq. (8)."""
@@ -194,6 +202,7 @@ class CapabilityTracker:
             "floor": self.floor,
             "steps": self.steps,
             "history": {a: list(h) for a, h in self._history.items()},
+            "rows": {a: list(r) for a, r in self._rows.items()},
         }
 
     def load_state_dict(self, state: Mapping) -> None:
@@ -214,10 +223,38 @@ class CapabilityTracker:
         self.floor = float(state["floor"])
         self.steps = int(state["steps"])
         self._history = {a: deque((float(v) for v in history[a]), maxlen=self.window) for a in self.agents}
+        # a state saved before rows were kept: 0 rows per entry, i.e. no evidence until the window refills
+        rows = state.get("rows") or {a: [0] * len(history[a]) for a in self.agents}
+        if set(rows) != set(self.agents) or any(len(rows[a]) != len(history[a]) for a in self.agents):
+            raise ValueError("capability tracker state has a malformed `rows`")
+        self._rows = {a: deque((int(v) for v in rows[a]), maxlen=self.window) for a in self.agents}
 
     def __repr__(self) -> str:
         caps = ", ".join(f"{a}={c:.4f}" for a, c in self.capabilities().items())
         return f"CapabilityTracker(window={self.window}, steps={self.steps}, {caps})"
+
+
+def gate_evidence(peer: float, peer_rows: int, learner: float, learner_rows: int, gate: float = 1.0) -> float:
+    """How many standard errors P̂_j lies above gate · P̂_k (not in the paper): the z of a one-sided test.
+
+    z = (P̂_j − g·P̂_k) / sqrt(P̂_j(1 − P̂_j)/N_j + g²·P̂_k(1 − P̂_k)/N_k), each P̂ an accuracy over the N completions of
+    its capability window. With 64 completions each, 0.28 against 0.11 gives z ≈ 2.5 and 0.12 against 0.08 z ≈ 0.8.
+    No completions behind either P̂: no evidence (−inf). Equal accuracies of 0 or 1 (no variance): z = 0.
+    """
+    for name, value in (("peer", peer), ("learner", learner)):
+        if not (isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= 1):
+            raise ValueError(f"`{name}` accuracy must be in [0, 1], got {value!r}")
+    for name, value in (("peer_rows", peer_rows), ("learner_rows", learner_rows)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"`{name}` must be an integer >= 0, got {value!r}")
+    _check_non_negative("gate", gate)
+    if peer_rows == 0 or learner_rows == 0:
+        return -math.inf
+    gap = peer - gate * learner
+    se = math.sqrt(peer * (1 - peer) / peer_rows + gate**2 * learner * (1 - learner) / learner_rows)
+    if se == 0:
+        return 0.0 if gap == 0 else math.copysign(math.inf, gap)
+    return gap / se
 
 
 def open_peers(
@@ -228,6 +265,8 @@ def open_peers(
     capability_gate: float = 0.0,
     gate_warmup: int = 0,
     batches_seen: int = 0,
+    gate_confidence: float = 0.0,
+    rows: Mapping[str, int] | None = None,
 ) -> list[str]:
     """The peers ``learner`` learns from at this generation batch, in ``agents`` order (not in the paper).
 
@@ -240,6 +279,11 @@ def open_peers(
     With a gate, ``gate_warmup`` > 0 keeps every peer closed while fewer than that many generation batches have been
     seen before this one (``batches_seen``): P̂ from one or two batches is too noisy to rank agents by (on the
     validation split one batch put a stronger agent at 0.08 against its weaker peer's 0.12, and the gate opened).
+
+    With a gate, ``gate_confidence`` c > 0 asks the capability windows for evidence instead: peer j opens only when
+    :func:`gate_evidence` is at least z_c, the standard normal quantile at c (1.645 at 0.95), with ``rows`` the
+    completions behind each P̂ (accuracies, so that P̂(1 − P̂) is their variance). A clearly stronger peer opens at
+    the first batch, two close ones stay closed until the windows tell them apart.
     """
     agents = list(agents)
     if learner not in agents:
@@ -256,10 +300,21 @@ def open_peers(
     missing = [a for a in agents if a not in capabilities]
     if missing:
         raise ValueError(f"`capabilities` is missing agents {missing}")
+    if not (isinstance(gate_confidence, int | float) and (gate_confidence == 0 or 0.5 <= gate_confidence < 1)):
+        raise ValueError(f"`gate_confidence` must be 0 (off) or in [0.5, 1), got {gate_confidence!r}")
     if capability_gate > 0 and batches_seen < gate_warmup:
         return []
     own = capabilities[learner]
-    return [a for a in agents if a != learner and a in names and capabilities[a] >= capability_gate * own]
+    peers = [a for a in agents if a != learner and a in names and capabilities[a] >= capability_gate * own]
+    if capability_gate == 0 or gate_confidence == 0:
+        return peers
+    if rows is None or any(a not in rows for a in agents):
+        raise ValueError("`rows` (completions behind each P̂) is needed for every agent with `gate_confidence`")
+    z = statistics.NormalDist().inv_cdf(gate_confidence)
+    return [
+        a for a in peers
+        if gate_evidence(capabilities[a], rows[a], own, rows[learner], capability_gate) >= z
+    ]  # fmt: skip
 
 
 def in_band(ratio: torch.Tensor, lower_bound: float) -> torch.Tensor:

@@ -273,6 +273,14 @@ class HACPOConfig(GRPOConfig):
             from a batch or two is too noisy to rank agents by, and one early batch of a weaker peer's rows can
             cost a stronger learner (seen on the validation split). `capability_window` (the paper's 5) waits for
             a full window. Refused without a gate. May differ per agent (`overrides`).
+        capability_gate_confidence (`float`, *optional*, defaults to `0.0`):
+            With `capability_gate` > 0, open a peer only when the capability windows show P̂_j >= gate x P̂_k at
+            this one-sided confidence (`0.95`: a z-test on the windows' accuracies, each P̂ over the completions of
+            its `capability_window`; :func:`~hacpo_trl.algorithm.gate_evidence`), instead of on the point estimates
+            alone: a clearly stronger peer opens at the first batch, two agents whose P̂ are within noise of each
+            other stay closed. An alternative to a fixed `capability_gate_warmup`. `0` = off; otherwise in [0.5,
+            1). Refused without a gate or with `capability_metric: mean_reward`. Not in the paper. May differ per
+            agent (`overrides`).
         band_gate (`bool`, *optional*, defaults to `False`):
             Also close a peer at a generation batch when none of its rows (after `peer_filter`) lies in the band
             [lb_0, 1] under the learner before the batch's first update: such a peer gives no gradient (every row
@@ -402,6 +410,10 @@ class HACPOConfig(GRPOConfig):
     )
     capability_gate_warmup: int = field(
         default=0, metadata={"help": "With a gate: every peer closed for the first N generation batches."}
+    )
+    capability_gate_confidence: float = field(
+        default=0.0,
+        metadata={"help": "With a gate: open a peer only when P̂_peer >= gate x P̂_learner at this confidence; 0 = off."},
     )
     band_gate: bool = field(
         default=False, metadata={"help": "Learn from a peer only at batches where some of its rows are in the band."}
@@ -554,6 +566,21 @@ class HACPOConfig(GRPOConfig):
             raise ValueError(
                 f"{who}`capability_gate_warmup` keeps the capability gate closed for the first {warmup} generation "
                 "batches, and `capability_gate` is 0 (no gate): set capability_gate > 0 or the warm-up to 0"
+            )
+        confidence = values.get("capability_gate_confidence")
+        if isinstance(confidence, bool) or not (
+            isinstance(confidence, int | float) and (confidence == 0 or 0.5 <= confidence < 1)
+        ):
+            raise ValueError(f"{who}`capability_gate_confidence` must be 0 (off) or in [0.5, 1), got {confidence!r}")
+        if confidence and not gate:
+            raise ValueError(
+                f"{who}`capability_gate_confidence` asks the capability gate for evidence, and `capability_gate` is 0 "
+                "(no gate): set capability_gate > 0 or the confidence to 0"
+            )
+        if confidence and values.get("capability_metric") == "mean_reward":
+            raise ValueError(
+                f"{who}`capability_gate_confidence` tests accuracies (P̂ in [0, 1], variance P̂(1 - P̂)), and "
+                "`capability_metric` is 'mean_reward': use capability_metric 'accuracy' or the confidence 0"
             )
         band = values.get("band_gate")
         if not isinstance(band, bool):

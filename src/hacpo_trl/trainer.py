@@ -375,10 +375,12 @@ class HACPOTrainer(GRPOTrainer):
     def _open_peers(self) -> list[str]:
         """The peers this learner learns from at this batch by `learn_from` and `capability_gate` (none once
         `peer_fade_steps` has faded them out); `band_gate` may close more. Logged as ``hacpo/learns_from/<peer>``."""
-        caps = self.capability.capabilities()
-        chosen, gate = self.args.learn_from_agents(), self.args.capability_gate
+        args, tracker = self.args, self.capability
         seen = self.state.global_step // self._generate_every  # generation batches before this one
-        peers = open_peers(self.agent, self.agent_names, caps, chosen, gate, self.args.capability_gate_warmup, seen)
+        peers = open_peers(
+            self.agent, self.agent_names, tracker.capabilities(), args.learn_from_agents(), args.capability_gate,
+            args.capability_gate_warmup, seen, args.capability_gate_confidence, tracker.rows(),
+        )  # fmt: skip
         return [] if self._peer_weight() == 0 else peers
 
     def _peer_rows(self, prompt_ids, rewards, by_agent, peers) -> PeerRows:
