@@ -67,7 +67,7 @@ STRONGER = {"state": "trace-instruct", "size": "trace-large", "model": "trace-qw
 # the recommended preset, chosen on the validation split by the rule in RESULTS.md (never on `test`): the largest
 # worst-of-eight-agents mean paired gain over GSPO (warm-start rule 3's agents, the size pair at 5e-5 for 64 batches,
 # seeds 100-103: +0.000, against -0.012 without the gate's warm-up, -0.091 without the band gate, -0.108 for HACPO)
-RECOMMENDED: str | None = "HACPO correct + gate 1.0 + GSPO solo updates + band gate + gate warm-up 5"
+RECOMMENDED: str | None = "HACPO correct + gate 1.0 at 95% confidence + GSPO solo updates + band gate"
 
 # name -> (recipe overrides, own rollouts per prompt and step, optimizer updates per generation batch)
 # (string values may name "{stronger}", the pair's stronger agent, or "{run}", the run's optimizer steps)
