@@ -112,6 +112,17 @@ def test_gate_confidence_opens_a_clearly_stronger_peer_and_keeps_close_ones_clos
     assert open_peers("B", agents, caps, None, 0.0, gate_confidence=0.95, rows=one) == ["A", "C", "D"]
 
 
+def test_gate_evidence_metrics_log_each_peers_z_clipped():
+    from hacpo_trl.metrics import gate_evidence_metrics
+
+    caps, rows = {"A": 0.11, "B": 0.28, "C": 1.0, "D": 1.0}, dict.fromkeys("ABCD", 64)
+    logged = gate_evidence_metrics("A", caps, rows, 1.0)
+    assert logged["hacpo/gate_z/B"] == pytest.approx(2.4850807, rel=1e-6)
+    assert logged["hacpo/gate_z/C"] == pytest.approx(0.89 / (0.11 * 0.89 / 64) ** 0.5)  # only the learner varies
+    assert set(logged) == {"hacpo/gate_z/B", "hacpo/gate_z/C", "hacpo/gate_z/D"}
+    assert gate_evidence_metrics("C", caps, rows, 0.5)["hacpo/gate_z/D"] == 100.0  # no variance: +inf, clipped
+
+
 def test_tracker_counts_the_completions_behind_each_capability():
     """rows(): completions in each agent's window, which slides with it; a state saved before rows were kept loads
     with 0 behind each entry (no evidence until the window refills)."""
@@ -597,7 +608,11 @@ def test_gate_confidence_opens_as_the_logged_evidence_says_through_the_trainer(t
         mine, theirs = _metric(summary, f"hacpo/capability/{me}"), _metric(summary, f"hacpo/capability/{peer}")
         assert len(mine) == 6
         rows = [8 * min(b, 5) for b in range(1, 7)]
-        expected = [float(gate_evidence(p, n, m, n) >= z) for m, p, n in zip(mine, theirs, rows, strict=True)]
+        evidence = [
+            max(-100.0, min(100.0, gate_evidence(p, n, m, n))) for m, p, n in zip(mine, theirs, rows, strict=True)
+        ]
+        assert _metric(summary, f"hacpo/gate_z/{peer}") == pytest.approx(evidence, rel=1e-9, abs=1e-12)
+        expected = [float(e >= z) for e in evidence]
         assert _metric(summary, f"hacpo/learns_from/{peer}") == expected
         assert [n > 0 for n in _metric(summary, "hacpo/peer_rows")] == [e > 0 for e in expected]
         plain_only += sum(p >= m and not e for m, p, e in zip(mine, theirs, expected, strict=True))

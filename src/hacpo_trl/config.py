@@ -279,8 +279,8 @@ class HACPOConfig(GRPOConfig):
             its `capability_window`; :func:`~hacpo_trl.algorithm.gate_evidence`), instead of on the point estimates
             alone: a clearly stronger peer opens at the first batch, two agents whose P̂ are within noise of each
             other stay closed. An alternative to a fixed `capability_gate_warmup`. `0` = off; otherwise in [0.5,
-            1). Refused without a gate or with `capability_metric: mean_reward`. Not in the paper. May differ per
-            agent (`overrides`).
+            1). Refused without a gate or with `capability_metric: mean_reward`. Logged as `hacpo/gate_z/<peer>`.
+            Not in the paper. May differ per agent (`overrides`).
         band_gate (`bool`, *optional*, defaults to `False`):
             Also close a peer at a generation batch when none of its rows (after `peer_filter`) lies in the band
             [lb_0, 1] under the learner before the batch's first update: such a peer gives no gradient (every row

@@ -11,7 +11,7 @@ import time
 import torch
 from transformers import TrainerCallback
 
-from .algorithm import peer_ratio_stats
+from .algorithm import gate_evidence, peer_ratio_stats
 from .padding import padding_ratio
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "OptimizerTimer",
     "capability_metrics",
     "exchange_metrics",
+    "gate_evidence_metrics",
     "learns_from_metrics",
     "loss_metric_sums",
     "loss_metrics",
@@ -110,6 +111,19 @@ def learns_from_metrics(learner: str, agents: list[str], open_peers: list[str], 
     metrics = {f"hacpo/learns_from/{a}": float(a in open_peers) for a in agents if a != learner}
     metrics["hacpo/peer_weight"] = weight
     return metrics
+
+
+def gate_evidence_metrics(
+    learner: str, capabilities: dict[str, float], rows: dict[str, int], gate: float
+) -> dict[str, float]:
+    """The z of each peer against the learner (`capability_gate_confidence`): why a peer is open or closed. Clipped
+    to ±100, so that a window with no variance (every completion right) logs a number, not infinity."""
+    own = capabilities[learner]
+    return {
+        f"hacpo/gate_z/{a}": max(-100.0, min(100.0, gate_evidence(c, rows[a], own, rows[learner], gate)))
+        for a, c in capabilities.items()
+        if a != learner
+    }
 
 
 def exchange_metrics(exchange, exchange_time: float, retokenize_seconds: float) -> dict[str, float]:

@@ -361,6 +361,9 @@ class HACPOTrainer(GRPOTrainer):
                 peers = [p for p in peers if in_band[p] > 0]
                 rows = self._peer_rows(prompt_ids, rewards, by_agent, peers) if peers else None
         self._log(mode, metrics.learns_from_metrics(self.agent, self.agent_names, peers, self._peer_weight()))
+        if self.args.capability_gate and self.args.capability_gate_confidence:
+            caps, rows_behind = self.capability.capabilities(), self.capability.rows()
+            self._log(mode, metrics.gate_evidence_metrics(self.agent, caps, rows_behind, self.args.capability_gate))
         if not peers:  # learns from no one at this batch: GSPO's own batch (its records were still shared)
             self._log(mode, metrics.peer_row_metrics([0, 0, 0, 0]))
             return self._own_rows_only(batch)
