@@ -65,8 +65,9 @@ REMEDY: dict = {"peer_filter": "correct"}
 STRONGER = {"state": "trace-instruct", "size": "trace-large", "model": "trace-qwen2", "style": "trace-bracket"}
 
 # the recommended preset, chosen on the validation split by the rule in RESULTS.md (never on `test`): the largest
-# worst-of-eight-agents mean paired gain over GSPO (warm-start rule 3's agents, the size pair at 5e-5 for 64 batches,
-# seeds 100-103: +0.000, against -0.012 without the gate's warm-up, -0.091 without the band gate, -0.108 for HACPO)
+# worst-of-eight-agents mean paired gain over GSPO, ties (within 0.005) to the larger mean gain of the state and size
+# weaker agents (warm-start rule 3's agents, the size pair at 5e-5 for 64 batches; rule 7, seeds 100-107: worst +0.000
+# as with the gate's warm-up, tie-break +0.0496 against +0.0479; earlier: -0.091 without the band gate, -0.108 HACPO)
 RECOMMENDED: str | None = "HACPO correct + gate 1.0 at 95% confidence + GSPO solo updates + band gate"
 
 # name -> (recipe overrides, own rollouts per prompt and step, optimizer updates per generation batch)

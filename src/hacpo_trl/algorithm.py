@@ -239,7 +239,8 @@ def gate_evidence(peer: float, peer_rows: int, learner: float, learner_rows: int
 
     z = (P̂_j − g·P̂_k) / sqrt(P̂_j(1 − P̂_j)/N_j + g²·P̂_k(1 − P̂_k)/N_k), each P̂ an accuracy over the N completions of
     its capability window. With 64 completions each, 0.28 against 0.11 gives z ≈ 2.5 and 0.12 against 0.08 z ≈ 0.8.
-    No completions behind either P̂: no evidence (−inf). Equal accuracies of 0 or 1 (no variance): z = 0.
+    No completions behind either P̂: no evidence (−inf). No variance (accuracies of 0 or 1): z = 0 at a zero gap,
+    else ±inf.
     """
     for name, value in (("peer", peer), ("learner", learner)):
         if not (isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= 1):
