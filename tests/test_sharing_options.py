@@ -18,8 +18,8 @@ from hacpo_trl.algorithm import (
 from hacpo_trl.config import parse_learn_from
 from hacpo_trl.exchange import RolloutBatch
 from hacpo_trl.metrics import learns_from_metrics
-from hacpo_trl.peer_rows import build_peer_rows
-from test_peer_rows import BPE, CAPS, SELF_IDS, SELF_REWARDS, records, settings
+from hacpo_trl.peer_rows import build_peer_rows, rescued_prompts
+from test_peer_rows import BPE, CAPS, NAN, SELF_IDS, SELF_REWARDS, records, settings
 
 COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False)
 AGENTS = ["A", "B", "C"]
@@ -285,6 +285,12 @@ def test_learn_from_and_gate_resolve_per_agent(tmp_path):
             {"capability_gate": 1.0, "capability_gate_confidence": 0.95, "capability_metric": "mean_reward"},
             r"`capability_gate_confidence` tests accuracies .* 'mean_reward'",
         ),
+        ({"capability_gate_rescue": 1}, r"`capability_gate_rescue` must be true or false, got 1"),
+        ({"capability_gate_rescue": True}, r"`capability_gate_rescue` lends a peer .* `capability_gate` is 0"),
+        (
+            {"agents": {"solo": {"overrides": {"capability_gate_rescue": True}}}},
+            r"agent 'solo': `capability_gate_rescue` lends",
+        ),
         ({"band_gate": "yes"}, r"`band_gate` must be true or false, got 'yes'"),
         ({"band_gate": True, "naive": True}, r"`band_gate` closes a peer .* there is no band"),
         (
@@ -345,6 +351,52 @@ def test_a_learners_choice_never_changes_what_another_receives():
     assert len(a_rows) == 0  # A learns from no one ...
     again = build_peer_rows(b_ids, b_rewards, shared, "B", AGENTS, caps, settings(), BPE)
     assert again.completion_ids == b_rows.completion_ids and again.advantages == b_rows.advantages  # ... B unchanged
+
+
+def _batch(agent, rank, rows):
+    pids, rewards = map(list, zip(*rows, strict=True))
+    n = len(pids)
+    return RolloutBatch(agent, rank, 0, pids, [str(i) for i in range(n)], rewards, [-0.5] * n, [2] * n, [True] * n)
+
+
+def test_rescued_prompts_by_hand():
+    """K failed p0 (its group split over two ranks) and p2 (one unscorable row); it solved p1 and p4 (p4 on its
+    second rank only); p3 it could not score at all. W solved p0, p1, p3 and p4; C solved p2. So W rescues p0 and
+    C rescues p2: prompts K solved once, or never scored, are not rescued."""
+    records = [
+        _batch("K", 0, [("p0", 0.0), ("p0", 0.0), ("p1", 1.0), ("p1", 0.0), ("p4", 0.0)]),
+        _batch("W", 2, [("p0", 1.0), ("p0", 0.0), ("p1", 1.0), ("p1", 1.0), ("p2", 0.0), ("p3", 1.0), ("p4", 1.0)]),
+        _batch("K", 1, [("p2", 0.0), ("p2", NAN), ("p3", NAN), ("p3", NAN), ("p0", 0.0), ("p4", 1.0)]),
+        _batch("C", 3, [("p2", 1.0), ("p0", 0.0)]),
+    ]
+    assert rescued_prompts(records, "K", ["W", "C"]) == {"W": {"p0"}, "C": {"p2"}}
+    assert rescued_prompts(records, "K", ["W"]) == {"W": {"p0"}}
+    assert rescued_prompts(records, "K", []) == {}
+    assert rescued_prompts(records, "W", ["K"]) == {"K": set()}  # W failed p2 only, which K did not solve
+
+
+def test_a_rescued_peer_enters_only_the_joint_groups_of_its_rescued_prompts():
+    """Learner K (P̂ 0.5) with W (P̂ 0.25) rescuing q0, which K failed: on q0 the joint group is K's [0, 0] and W's
+    [1, 0] with W's rewards scaled by ω(K, W) = 2, so μ̂ = (0 + 0 + 2 + 0) / 4 = 0.5 and σ = std([0, 0, 1, 0]) = 0.5:
+    K's rows get (0 - 0.5) / 0.5 = -1, W's correct row +1 (its wrong row, -1, stays in the baseline only with
+    `peer_filter: correct`). On q1, which K solved, W's row is left out, rows and reward: K's advantages are its
+    own group's alone, (1 - 0.5) / std([1, 0]) and the opposite."""
+    caps = {"K": 0.5, "W": 0.25}
+    own = _batch("K", 0, [("q0", 0.0), ("q0", 0.0), ("q1", 1.0), ("q1", 0.0)])
+    peer = _batch("W", 1, [("q0", 1.0), ("q0", 0.0), ("q1", 1.0)])
+    rescue = rescued_prompts([own, peer], "K", ["W"])
+    assert rescue == {"W": {"q0"}}
+    ids, rewards = own.prompt_ids, torch.tensor(own.rewards)
+    rows = build_peer_rows(
+        ids, rewards, [own, peer], "K", ["K", "W"], caps, settings(peer_filter="correct"), BPE, only_prompts=rescue
+    )
+    assert rows.prompt_ids == ["q0"] and rows.sources == ["W"] and rows.filtered == 1
+    assert rows.advantages == pytest.approx([0.5 / (0.5 + 1e-6)], rel=1e-6)
+    half = 0.5 / (2**-0.5 + 1e-6)
+    expected = [-0.5 / (0.5 + 1e-6)] * 2 + [half, -half]
+    assert rows.self_advantages.tolist() == pytest.approx(expected, rel=1e-6)
+    alone = build_peer_rows(ids, rewards, [own], "K", ["K"], caps, settings(), BPE)
+    assert rows.self_advantages[2:].tolist() == alone.self_advantages[2:].tolist()  # q1 exactly as without W
 
 
 # ------------------------------------------------------------------------------------------ through the trainer
@@ -621,6 +673,52 @@ def test_gate_confidence_opens_as_the_logged_evidence_says_through_the_trainer(t
         plain_only += sum(p >= m and not e for m, p, e in zip(mine, theirs, expected, strict=True))
     if task == "arithmetic":
         assert plain_only >= 6
+
+
+@pytest.mark.timeout(900)
+def test_gate_rescue_lends_a_closed_peers_rows_on_failed_prompts_only_through_the_trainer(tmp_path, launch):
+    """llama0 gated at 100 (qwen1 closed unless P̂_llama0 is 0) with the rescue, the solo schedule (2 of 4 updates)
+    and a band [0, 1]; 8 generation batches of 16 rows. At every batch it logs as rescued exactly the prompts that
+    the recorded rewards show it failed at every completion and qwen1 solved once (none while qwen1 is open), builds
+    peer rows then and only then, and keeps the solo schedule (updates 3 and 4 leave the weights alone) at a batch
+    whose peer rows are rescued ones only. The same run without the rescue trains bit for bit alike until the first
+    rescued prompt, and differently from its update on: the rescue changes nothing else."""
+    from conftest import summaries
+
+    common = ["--steps", "32", "--steps_per_generation", "4", "--generation_batch", "16", "--trace_params",
+              "--override", "0:capability_gate=100.0", "--override", "0:solo_steps_per_generation=2",
+              "--override", "0:peer_delta=1.0", "--override", '0:peer_filter="correct"']  # fmt: skip
+    launch(2, "train_agents.py", "--out", str(tmp_path / "rescue"), *common,
+           "--override", "0:capability_gate_rescue=true")  # fmt: skip
+    launch(2, "train_agents.py", "--out", str(tmp_path / "plain"), *common)
+    llama, _ = summaries(tmp_path / "rescue")
+    plain, _ = summaries(tmp_path / "plain")
+    caps = zip(_metric(llama, "hacpo/capability/llama0"), _metric(llama, "hacpo/capability/qwen1"), strict=True)
+    opened = [float(q >= 100.0 * a) for a, q in caps]
+    assert _metric(llama, "hacpo/learns_from/qwen1") == opened and len(opened) == 8
+    expected = []
+    for batch, is_open in zip(llama["batch_rewards"], opened, strict=True):
+        own, peer = {}, set()
+        for agent, pid, reward in batch:
+            if agent == "llama0":
+                own.setdefault(pid, []).append(reward)
+            elif reward > 0:
+                peer.add(pid)
+        failed = {pid for pid, rs in own.items() if max(rs) <= 0}
+        expected.append(0.0 if is_open else float(len(failed & peer)))
+    rescued = _metric(llama, "hacpo/rescued_prompts/qwen1")
+    assert rescued == expected and sum(rescued) > 0
+    peer_rows = _metric(llama, "hacpo/peer_rows")
+    assert [n > 0 for n in peer_rows] == [o > 0 or r > 0 for o, r in zip(opened, rescued, strict=True)]
+    assert len(_metric(llama, "hacpo/peer_ratio_in_band")) == sum(n > 0 for n in peer_rows)  # logged per batch
+    trace = llama["param_trace"]
+    for b, is_open in enumerate(opened):
+        if not is_open:  # learned from no one, or from rescued rows only: 2 updates, the other 2 take no step
+            assert trace[4 * b + 2] == trace[4 * b + 1] == trace[4 * b + 3]
+            assert b == 0 or trace[4 * b + 1] != trace[4 * b - 1]  # its own 2 updates did train
+    first = 4 * next(b for b, r in enumerate(rescued) if r > 0)
+    assert trace[:first] == plain["param_trace"][:first]
+    assert trace[first + 1] != plain["param_trace"][first + 1]
 
 
 def test_options_are_recipe_settings(tmp_path, capsys):

@@ -281,6 +281,19 @@ class HACPOConfig(GRPOConfig):
             other stay closed. An alternative to a fixed `capability_gate_warmup`. `0` = off; otherwise in [0.5,
             1). Refused without a gate or with `capability_metric: mean_reward`. Logged as `hacpo/gate_z/<peer>`.
             Not in the paper. May differ per agent (`overrides`).
+        capability_gate_rescue (`bool`, *optional*, defaults to `False`):
+            With `capability_gate` > 0, a peer the gate keeps closed still lends its rows on the prompts this learner
+            failed at every completion (none with a positive reward, over all its ranks) and the peer solved at least
+            once: on those prompts it is treated as open (its rows enter the joint group, `peer_filter` picks which
+            are trained on), on every other prompt it stays out. Where GSPO has no signal at all (a group of
+            failures has advantage 0) the learner sees a solution, and nothing else it trains on changes: the
+            rescue for a stronger learner that the gate protects from a weaker peer (the weaker one often solves
+            some of the prompts the stronger fails, e.g. a smaller model that decodes better). A generation batch
+            with rescued prompts only keeps the schedule of a batch learned from no one
+            (`solo_steps_per_generation`). Peers outside `learn_from` or faded out are never rescued from. Logged as
+            `hacpo/rescued_prompts/<peer>` (prompts of the batch, all ranks). Not in the paper (a failed group
+            guided by another model's solution: "adaptive guidance" in the RL-for-reasoning literature). Refused
+            without a gate. May differ per agent (`overrides`).
         band_gate (`bool`, *optional*, defaults to `False`):
             Also close a peer at a generation batch when none of its rows (after `peer_filter`) lies in the band
             [lb_0, 1] under the learner before the batch's first update: such a peer gives no gradient (every row
@@ -414,6 +427,10 @@ class HACPOConfig(GRPOConfig):
     capability_gate_confidence: float = field(
         default=0.0,
         metadata={"help": "With a gate: open a peer only when P̂_peer >= gate x P̂_learner at this confidence; 0 = off."},
+    )
+    capability_gate_rescue: bool = field(
+        default=False,
+        metadata={"help": "With a gate: a closed peer still lends its rows on prompts the learner failed entirely."},
     )
     band_gate: bool = field(
         default=False, metadata={"help": "Learn from a peer only at batches where some of its rows are in the band."}
@@ -581,6 +598,14 @@ class HACPOConfig(GRPOConfig):
             raise ValueError(
                 f"{who}`capability_gate_confidence` tests accuracies (P̂ in [0, 1], variance P̂(1 - P̂)), and "
                 "`capability_metric` is 'mean_reward': use capability_metric 'accuracy' or the confidence 0"
+            )
+        rescue = values.get("capability_gate_rescue")
+        if not isinstance(rescue, bool):
+            raise ValueError(f"{who}`capability_gate_rescue` must be true or false, got {rescue!r}")
+        if rescue and not gate:
+            raise ValueError(
+                f"{who}`capability_gate_rescue` lends a peer that the capability gate closed, and `capability_gate` "
+                "is 0 (no gate, no peer closed by it): set capability_gate > 0 or capability_gate_rescue false"
             )
         band = values.get("band_gate")
         if not isinstance(band, bool):

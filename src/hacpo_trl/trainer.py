@@ -77,6 +77,7 @@ from .peer_rows import (
     build_peer_rows,
     order_rows,
     own_rewards,
+    rescued_prompts,
     self_prompt_tokens,
 )
 from .retokenize import completion_text
@@ -150,6 +151,7 @@ class HACPOTrainer(GRPOTrainer):
         self._forward_pass, self._generation_forwards = "other", 0
         self._padding_sums: dict[str, dict[str, list[float]]] = {"train": {}, "eval": {}}
         self._solo_batch = False  # whether the buffered generation batch holds own rows only (`_prepare_inputs`)
+        self._rescue_batch = False  # whether its peer rows are rescued ones only (`capability_gate_rescue`)
         self.add_callback(metrics.OptimizerTimer(self))
         vllm_weights = self.use_vllm and self.vllm_importance_sampling_correction
         self._self_on_policy = self_on_policy(args.gradient_accumulation_steps, self._generate_every, vllm_weights)
@@ -274,6 +276,8 @@ class HACPOTrainer(GRPOTrainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         if self._skips_update():  # a solo batch's update beyond `solo_steps_per_generation`: nothing to train on
+            if self._rescue_batch and (self._step + 1) % self._generate_every == 0:
+                self._collect_peer_ratios(torch.zeros(0), 0.0)  # the batch's last micro-step: log its peer ratios
             self._step += 1  # TRL's micro-batch counter, as its own training_step would advance it
             return torch.zeros((), device=self.args.device)
         self._prepare_seconds = 0.0
@@ -353,21 +357,30 @@ class HACPOTrainer(GRPOTrainer):
         self._last_records = records  # every agent's rollouts of this batch: what `hacpo-probe` reports on
         by_agent = self._update_capability(records, mode)
         peers = self._open_peers()
-        rows = self._peer_rows(prompt_ids, rewards, by_agent, peers) if peers else None
+        rescue = self._rescued_prompts(records, peers)
+        involved = peers + [p for p, prompts in rescue.items() if prompts]
+        rows = self._peer_rows(prompt_ids, rewards, by_agent, involved, rescue) if involved else None
         if rows is not None and self.args.band_gate and mode == "train":
-            in_band = self._peers_in_band(batch, rows, prompt_ids, peers)
+            in_band = self._peers_in_band(batch, rows, prompt_ids, involved)
             self._log(mode, {f"hacpo/band_rows/{p}": float(n) for p, n in in_band.items()})
             if 0 in in_band.values():  # a peer closed at this batch: rows and baseline without it
                 peers = [p for p in peers if in_band[p] > 0]
-                rows = self._peer_rows(prompt_ids, rewards, by_agent, peers) if peers else None
+                rescue = {p: prompts if in_band.get(p) else set() for p, prompts in rescue.items()}
+                involved = [p for p in involved if in_band[p] > 0]
+                rows = self._peer_rows(prompt_ids, rewards, by_agent, involved, rescue) if involved else None
         self._log(mode, metrics.learns_from_metrics(self.agent, self.agent_names, peers, self._peer_weight()))
+        if self.args.capability_gate_rescue and mode == "train":
+            others = [a for a in self.agent_names if a != self.agent]
+            self._log(mode, {f"hacpo/rescued_prompts/{p}": float(len(rescue.get(p, ()))) for p in others})
         if self.args.capability_gate and self.args.capability_gate_confidence:
             caps, rows_behind = self.capability.capabilities(), self.capability.rows()
             self._log(mode, metrics.gate_evidence_metrics(self.agent, caps, rows_behind, self.args.capability_gate))
-        if not peers:  # learns from no one at this batch: GSPO's own batch (its records were still shared)
+        if not involved:  # learns from no one at this batch: GSPO's own batch (its records were still shared)
             self._log(mode, metrics.peer_row_metrics([0, 0, 0, 0]))
             return self._own_rows_only(batch)
-        return self._add_peer_rows(batch, rows, prompt_ids, exchange_time, mode)
+        batch = self._add_peer_rows(batch, rows, prompt_ids, exchange_time, mode)
+        batch["hacpo_rescue_only"] = not peers  # read by _prepare_inputs (the solo schedule), then dropped
+        return batch
 
     @staticmethod
     def _own_rows_only(batch: dict) -> dict:
@@ -386,15 +399,29 @@ class HACPOTrainer(GRPOTrainer):
         )  # fmt: skip
         return [] if self._peer_weight() == 0 else peers
 
-    def _peer_rows(self, prompt_ids, rewards, by_agent, peers) -> PeerRows:
+    def _rescued_prompts(self, records: list[RolloutBatch], peers: list[str]) -> dict[str, set[str]]:
+        """With `capability_gate_rescue`, the prompts on which each peer closed by the capability gate (within
+        `learn_from`, not faded out) still lends its rows (:func:`~hacpo_trl.peer_rows.rescued_prompts`); decided
+        from every rank's records, so every rank of the agent decides alike."""
+        if not (self.args.capability_gate_rescue and self.model.training) or self._peer_weight() == 0:
+            return {}
+        allowed = self.args.learn_from_agents()
+        closed = [
+            a for a in self.agent_names if a != self.agent and a not in peers and (allowed is None or a in allowed)
+        ]
+        return rescued_prompts(records, self.agent, closed)
+
+    def _peer_rows(self, prompt_ids, rewards, by_agent, peers, rescue=None) -> PeerRows:
         """The learner's peer rows from ``peers`` (:func:`~hacpo_trl.peer_rows.build_peer_rows`): only the learner's
-        and these peers' records enter, their rewards included (the baseline)."""
+        and these peers' records enter, their rewards included (the baseline); a peer in ``rescue`` only on its
+        rescued prompts."""
         by_agent = {agent: by_agent[agent] for agent in (self.agent, *peers) if agent in by_agent}
         records = [r for agent_records in by_agent.values() for r in agent_records]
         learners_view = [a for a in self.agent_names if a in by_agent]  # the learner and the peers it learns from
         caps, weight = self.capability.capabilities(), self._peer_weight()
+        only = {p: prompts for p, prompts in (rescue or {}).items() if p in peers}
         return build_peer_rows(
-            prompt_ids, rewards, records, self.agent, learners_view, caps, self.args, self._tokenizer, weight
+            prompt_ids, rewards, records, self.agent, learners_view, caps, self.args, self._tokenizer, weight, only
         )
 
     @torch.no_grad()
@@ -470,16 +497,20 @@ class HACPOTrainer(GRPOTrainer):
             if not self.model.training:
                 batch = self._generate_and_score_completions(generation_batch)
                 batch.pop("hacpo_num_self", None)
+                batch.pop("hacpo_rescue_only", None)
                 return batch
             if self._step % self._generate_every == 0 or self._buffered_inputs is None:
                 batch = self._generate_and_score_completions(generation_batch)
                 n_self = batch.pop("hacpo_num_self", None)
+                rescue_only = batch.pop("hacpo_rescue_only", False)
                 steps = self.args.steps_per_generation
                 self._solo_batch = n_self is None  # own rows only: trained with TRL's own loss (`_hacpo_loss`)
+                self._rescue_batch = rescue_only
                 if n_self is None:
                     batch = shuffle_sequence_dict(batch)  # exactly TRL's order when there are no peer rows
                     steps = self._solo_steps()
-                else:
+                else:  # peer rows; only rescued ones keep the schedule of a batch learned from no one
+                    steps = self._solo_steps() if rescue_only else steps
                     batch = order_rows(batch, n_self, steps, self.args.peer_layout)
                 if self.args.group_by_length:
                     batch = self._group_by_length(batch, steps)

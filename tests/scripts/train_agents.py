@@ -243,6 +243,17 @@ def counting_add_peer_rows(batch, rows, prompt_ids, *rest):
 
 
 trainer._add_peer_rows = counting_add_peer_rows
+batch_rewards = []  # every agent's (agent, prompt, reward) at each training generation batch, all ranks
+update_capability = trainer._update_capability
+
+
+def recording_update_capability(records, mode):
+    if mode == "train":
+        batch_rewards.append([(r.agent, p, x) for r in records for p, x in zip(r.prompt_ids, r.rewards, strict=True)])
+    return update_capability(records, mode)
+
+
+trainer._update_capability = recording_update_capability
 before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 resume = True if opts.resume else None
 for step in my_steps(*opts.resume_step):
@@ -277,6 +288,7 @@ summary = {
     "param_sum": float(sum(p.detach().double().sum() for p in after.values())),
     "param_trace": param_trace,
     "peers": peer_log,
+    "batch_rewards": batch_rewards,
     "base": base,
 }
 with open(os.path.join(opts.out, f"summary-{trainer.topology.global_rank}.json"), "w") as f:
