@@ -128,6 +128,12 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
          "band_gate": True, **HACPO_SCHEDULE},
         8, 4,
     ),
+    # and a peer the gate keeps closed still lends its rows on the prompts the learner failed entirely (rule 8)
+    "HACPO correct + gate 1.0 at 95% confidence + rescue + GSPO solo updates + band gate": (
+        {"peer_filter": "correct", "capability_gate": 1.0, "capability_gate_confidence": 0.95,
+         "capability_gate_rescue": True, **SOLO, "band_gate": True, **HACPO_SCHEDULE},
+        8, 4,
+    ),
 }  # fmt: skip
 METHODS |= CANDIDATES
 # the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset
