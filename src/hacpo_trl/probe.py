@@ -270,6 +270,7 @@ def probe_batch(trainer, prompts: list[dict]) -> tuple[dict, list, object, torch
     trainer._last_peer_rows = None
     batch = trainer._generate_and_score_completions(inputs)
     n_self = batch.pop("hacpo_num_self", len(inputs))
+    batch.pop("hacpo_rescue_only", None)  # a training-schedule flag (`capability_gate_rescue`), not a column
     rows = trainer._last_peer_rows or PeerRows()  # None: the learner learns from no peer (learn_from, gate)
     return batch, trainer._last_records, rows, score_peer_rows_of_batch(trainer, batch, n_self, len(rows))
 
