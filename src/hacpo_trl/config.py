@@ -51,6 +51,15 @@ SHARED_SETTINGS = (
 
 PEER_FILTERS = ("all", "correct", "positive")
 
+
+def _true_or_false(values: dict, name: str, who: str) -> bool:
+    """A boolean setting, refused by name when a recipe gives anything else (YAML's `yes`, 1, ...)."""
+    value = values.get(name)
+    if not isinstance(value, bool):
+        raise ValueError(f"{who}`{name}` must be true or false, got {value!r}")
+    return value
+
+
 # Fields an agent may not override: they define the run, not the agent.
 _NOT_PER_AGENT = {"agents", "output_dir", "learning_rate", "hub_model_id", "model_init_kwargs", "chat_template_kwargs"}
 
@@ -599,18 +608,12 @@ class HACPOConfig(GRPOConfig):
                 f"{who}`capability_gate_confidence` tests accuracies (P̂ in [0, 1], variance P̂(1 - P̂)), and "
                 "`capability_metric` is 'mean_reward': use capability_metric 'accuracy' or the confidence 0"
             )
-        rescue = values.get("capability_gate_rescue")
-        if not isinstance(rescue, bool):
-            raise ValueError(f"{who}`capability_gate_rescue` must be true or false, got {rescue!r}")
-        if rescue and not gate:
+        if _true_or_false(values, "capability_gate_rescue", who) and not gate:
             raise ValueError(
                 f"{who}`capability_gate_rescue` lends a peer that the capability gate closed, and `capability_gate` "
                 "is 0 (no gate, no peer closed by it): set capability_gate > 0 or capability_gate_rescue false"
             )
-        band = values.get("band_gate")
-        if not isinstance(band, bool):
-            raise ValueError(f"{who}`band_gate` must be true or false, got {band!r}")
-        if band and (values.get("naive") or not values.get("peer_clipping")):
+        if _true_or_false(values, "band_gate", who) and (values.get("naive") or not values.get("peer_clipping")):
             raise ValueError(
                 f"{who}`band_gate` closes a peer none of whose rows is in the band, and with `naive: true` or "
                 "`peer_clipping: false` there is no band: set band_gate false"
