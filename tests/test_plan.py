@@ -350,3 +350,67 @@ def test_plan_reads_the_recipes_own_accelerate_config_and_hints_at_hf_download(t
 
     with pytest.raises(ValueError, match=r"`hf download someorg/no-such-model config.json`"):
         model_config("someorg/no-such-model")
+
+
+def _recommended_preset() -> dict:
+    """The recommended preset's settings as the benchmark ran them (benchmarks/reproduce.py), less the miniature's
+    batching: one definition for the benchmark, the results and the GPU recipes."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+
+    settings = dict(reproduce.METHODS[reproduce.RECOMMENDED][0])
+    gspo_steps = reproduce.METHODS["GSPO"][0]["steps_per_generation"]
+    # in the miniature too, a learner that learns from no one takes the GSPO baseline's micro-batches
+    assert settings.pop("solo_steps_per_generation") == gspo_steps
+    for key in reproduce.HACPO_SCHEDULE:
+        settings.pop(key)
+    return settings
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_preset_recipes_are_the_pairs_hacpo_recipe_with_the_recommended_preset(pair, hub_cache, capsys):
+    """`<pair>_preset.yaml` is its pair's HACPO recipe with the benchmark's recommended preset added, and nothing else;
+    its `solo_steps_per_generation` is the pair's GSPO recipe's `steps_per_generation`, so that a batch at which an
+    agent learns from no one is GSPO's 2 updates of 512 own rows in forwards of GSPO's 4 rows, as its plan shows."""
+    hacpo = yaml.safe_load((ROOT / "recipes" / f"{pair}.yaml").read_text())
+    gspo = yaml.safe_load((ROOT / "recipes" / f"{pair}_gspo.yaml").read_text())
+    path = ROOT / "recipes" / f"{pair}_preset.yaml"
+    recipe = yaml.safe_load(path.read_text())
+    preset = _recommended_preset()
+    assert {k for k in hacpo.keys() | recipe.keys() if hacpo.get(k) != recipe.get(k)} == (
+        {"output_dir", "solo_steps_per_generation"} | preset.keys()
+    )
+    assert {k: recipe[k] for k in preset} == preset
+    assert recipe["solo_steps_per_generation"] == gspo["steps_per_generation"]
+    outs = {}
+    for name, p in (("preset", path), ("gspo", ROOT / "recipes" / f"{pair}_gspo.yaml")):
+        assert plan_main(["--config", str(p), "--plan", "--accelerate_config", str(_accelerate_config(p))]) == 0
+        outs[name] = capsys.readouterr().out
+    assert "plan: OK" in outs["preset"], outs["preset"]
+    assert outs["gspo"].count("2 optimizer updates per generation batch: 512 own + 0 peer, 512 own + 0 peer\n") == 2
+    assert outs["gspo"].count("rows per forward pass: 4\n") == 2
+    solo = "learning from no one at a batch: 2 optimizer updates of 512 own rows, 4 rows per forward pass; 2 skipped"
+    assert outs["preset"].count(solo) == 2
+    assert outs["preset"].count("4 optimizer updates per generation batch: 512 own + 0 peer, 512 own + 0 peer, ") == 2
+
+
+def test_plan_counts_a_solo_batchs_larger_forward_and_refuses_a_solo_schedule_of_partial_updates(hub_cache, capsys):
+    """A solo schedule of fewer micro-batches than the own rows' share runs larger forwards than the sharing
+    schedule: the memory estimate is for the larger one (here it no longer fits). One that does not cut into whole
+    updates is a problem."""
+    recipe = yaml.safe_load((ROOT / "recipes" / "qwen3_1.7b_base_x_qwen3_4b_base_preset.yaml").read_text())
+    launch = launch_from_accelerate(yaml.safe_load((ROOT / "accelerate_configs" / "zero2_8gpu.yaml").read_text()))
+    dm = {"qwen3-1.7b-base": dims("Qwen/Qwen3-1.7B-Base"), "qwen3-4b-base": dims("Qwen/Qwen3-4B-Base")}
+    plans = {}
+    for solo in (64, 32, 48):
+        plans[solo] = make_plan({**recipe, "solo_steps_per_generation": solo}, dm, launch, H100, 7500)
+    # 256 own rows per rank: 64 micro-batches of 4 rows (the sharing schedule's 4 = 2 own + 2 peer), or 32 of 8
+    assert [a.batch["solo_rows_per_forward"] for a in plans[32].agents] == [8, 8]
+    assert [a.batch["solo_updates"] for a in plans[32].agents] == [1, 1]
+    assert all(b.peak_gib > a.peak_gib for a, b in zip(plans[64].agents, plans[32].agents, strict=True))
+    assert not plans[64].problems  # the preset recipe as shipped
+    # twice the rows per forward: the 4B agent no longer fits an 80 GB card (the sharing schedule's 4 rows did)
+    assert [p for p in plans[32].problems if "does not fit" in p] == [
+        next(p for p in plans[32].problems if p.startswith("agent 'qwen3-4b-base'"))
+    ]
+    assert any("solo_steps_per_generation 48 must divide steps_per_generation 128" in p for p in plans[48].problems)

@@ -300,6 +300,8 @@ def batch_arithmetic(recipe: dict, spec: dict, n_ranks: int, n_agents: int) -> d
         first, last = u * ga * rows_per_forward, (u + 1) * ga * rows_per_forward
         own = max(0, min(last, own_per_rank) - first)
         per_update.append({"own": own * n_ranks, "peer": (last - first - own) * n_ranks})
+    solo = _get(recipe, spec, "solo_steps_per_generation")
+    solo = int(solo) if sharing and solo else None  # the trainer checks that it divides into whole updates
     return {
         "per_device_train_batch_size": per_device,
         "gradient_accumulation_steps": ga,
@@ -313,7 +315,19 @@ def batch_arithmetic(recipe: dict, spec: dict, n_ranks: int, n_agents: int) -> d
         "rows_per_forward": rows_per_forward,
         "updates_per_generation": spg * iterations / ga,
         "rows_per_update": per_update * iterations,
+        # a batch at which the agent learns from no one (`solo_steps_per_generation`): its own rows only, in `solo`
+        # micro-batches; the batch's other updates are skipped
+        "solo_steps_per_generation": solo,
+        "solo_updates": solo * iterations / ga if solo else None,
+        "solo_rows_per_update": own_per_rank * n_ranks * ga // solo if solo else None,
+        "solo_rows_per_forward": own_per_rank // solo if solo else None,
     }
+
+
+def forward_rows(batch: dict) -> int:
+    """The largest forward pass the agent runs: a solo batch's forwards hold more rows when its micro-batches are
+    fewer than the own rows' share of the sharing schedule's."""
+    return max(int(batch["rows_per_forward"]), int(batch.get("solo_rows_per_forward") or 0))
 
 
 def _dtype_bytes(value, default: int) -> int:
@@ -525,7 +539,7 @@ def make_plan(
             n,
             load_bytes,
             beta,
-            int(batch["rows_per_forward"]),
+            forward_rows(batch),
             seq,
             completion,
             bool(recipe.get("activation_checkpointing", recipe.get("gradient_checkpointing", True))),
@@ -612,6 +626,13 @@ def make_plan(
                 f"agent {name!r}: steps_per_generation {batch['steps_per_generation']} is not a multiple of "
                 f"gradient_accumulation_steps {batch['gradient_accumulation_steps']}"
             )
+        solo = batch["solo_steps_per_generation"]
+        if solo and (batch["steps_per_generation"] % solo or solo % batch["gradient_accumulation_steps"]):
+            problems.append(
+                f"agent {name!r}: solo_steps_per_generation {solo} must divide steps_per_generation "
+                f"{batch['steps_per_generation']} and be a multiple of gradient_accumulation_steps "
+                f"{batch['gradient_accumulation_steps']} (whole optimizer updates)"
+            )
         if batch["own_completions_per_rank"] % batch["num_generations"] and n_agents > 1:
             problems.append(
                 f"agent {name!r}: {batch['own_completions_per_rank']} completions per rank is not a whole number of "
@@ -619,7 +640,7 @@ def make_plan(
             )
         parts = {k: v / GIB for k, v in checkpoint_parts(d, trainable, lora, launch, load_bytes).items()}
         ckpt = sum(parts.values())
-        tokens = int(batch["rows_per_forward"]) * seq
+        tokens = forward_rows(batch) * seq
         act = 4 if launch.parallelism == "fsdp" and not lora else 2
         layer_gib = tokens * d.layer_bytes_per_token(act) / GIB
         grad_gib = 2 * trainable / n / GIB if launch.parallelism == "zero" and launch.zero_stage == 2 else 0.0
@@ -734,6 +755,13 @@ def format_plan(plan: Plan) -> str:
         mix = ", ".join(f"{u['own']} own + {u['peer']} peer" for u in b["rows_per_update"])
         lines.append(f"  {b['updates_per_generation']:g} optimizer updates per generation batch: {mix}")
         lines.append(f"  rows per forward pass: {b['rows_per_forward']}")
+        if b.get("solo_steps_per_generation"):
+            skipped = b["updates_per_generation"] - b["solo_updates"]
+            lines.append(
+                f"  learning from no one at a batch: {b['solo_updates']:g} optimizer updates of "
+                f"{b['solo_rows_per_update']} own rows, {b['solo_rows_per_forward']} rows per forward pass; "
+                f"{skipped:g} skipped (solo_steps_per_generation {b['solo_steps_per_generation']})"
+            )
         lines.append("  memory per rank (GiB): " + ", ".join(f"{k} {v:.1f}" for k, v in a.memory.items() if v))
         budget = "" if plan.device_gib is None else f" of {plan.device_gib:.1f}"
         low, high = a.error_gib
