@@ -65,3 +65,36 @@ def test_held_out_evaluation_runs_on_every_rank_when_forwards_are_collective(mon
         )  # fmt: skip
         assert _evaluate(trainer, Rows([1, 2, 3, 4]), script_args) == (0.5 if rank == 0 else None)
     assert len(calls) == (2 if sharded else 1)
+
+
+def test_recommended_preset_under_fsdp_with_a_gated_off_agent_and_uneven_peer_rows(tmp_path, launch):
+    """The recommended preset on two 2-rank FSDP agents (every forward a collective over the agent's ranks). llama1
+    solves nothing (P̂ = 0); llama0's completions are correct on its rank 0 only (P̂ = 0.5, z = 2.83 against llama1).
+    So llama0's gate stays closed and it makes 2 of the 4 updates of each batch (the other 2 skipped on both ranks);
+    llama1's gate opens, its rank 0 holds llama0's 4 correct rows of its prompts and rank 1 none, and the band gate's
+    no-gradient forward over them must not leave rank 1 out of a collective. Both agents start from the same weights,
+    so the peer ratios start at 1, inside the band."""
+    launch(4, "train_agents.py", "--agents", "llama:2,llama:2", "--out", str(tmp_path), "--steps", "8", "--fsdp",
+           "--steps_per_generation", "4", "--peer_filter", "correct", "--correct_on_rank0", "--zero_reward", "1",
+           "--exchange_timeout", "60",
+           *[f"--override={i}:{k}={v}" for i in (0, 1) for k, v in [("capability_gate", "1.0"),
+             ("capability_gate_confidence", "0.95"), ("band_gate", "true"), ("solo_steps_per_generation", "2")]],
+           timeout=300)  # fmt: skip
+    runs = summaries(tmp_path)
+    strong, weak = [s for s in runs if s["agent"] == "llama0"], [s for s in runs if s["agent"] == "llama1"]
+    for ranks in (strong, weak):
+        assert [s["agent_rank"] for s in ranks] == [0, 1] and all(s["sharded"] == ["DTensor"] for s in ranks)
+        assert ranks[0]["param_sum"] == ranks[1]["param_sum"]  # one model, gathered from its shards
+        assert all(s["global_step"] == 8 and s["trainable_changed"] == s["trainable"] for s in ranks)
+
+    def logged(s, key):
+        return [e[key] for e in s["log_history"] if key in e]
+
+    for s in strong:  # gated off at both batches: GSPO's 2 updates, then 2 skipped (loss 0, no forward)
+        assert logged(s, "hacpo/learns_from/llama1") == [0.0, 0.0] and s["peer_rows_here"] == []
+        losses = logged(s, "loss")
+        assert len(losses) == 8 and losses[2::4] == losses[3::4] == [0.0, 0.0]
+    for s in weak:  # open to llama0 at both batches, its correct rows on rank 0 only, in the band
+        assert logged(s, "hacpo/learns_from/llama0") == [1.0, 1.0]
+        assert s["peer_rows_here"] == ([4, 4] if s["agent_rank"] == 0 else [0, 0])
+        assert all(rows > 0 for rows in logged(s, "hacpo/band_rows/llama0"))

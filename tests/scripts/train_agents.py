@@ -59,6 +59,7 @@ parser.add_argument(
     help="only completions made on an agent's rank 0 are correct (reward > 0): with peer_filter=correct, the ranks "
     "of one agent then keep different numbers of peer rows",
 )
+parser.add_argument("--zero_reward", type=int, default=-1, help="agent i solves nothing: every reward 0 (P̂ = 0)")
 parser.add_argument("--task", default="digits", help="digits (4x4 sums, any digit scores) or arithmetic (built-in)")
 parser.add_argument("--lora_targets", default="q_proj,v_proj")
 parser.add_argument("--max_completion_length", type=int, default=8)
@@ -158,6 +159,8 @@ def has_digit(completions, **kwargs):
         raise RuntimeError("reward exploded")
     if len(calls) == opts.hang_at_call and opts.hang_reward == me:
         time.sleep(600)
+    if opts.zero_reward == me:
+        return [0.0] * len(completions)
     if opts.correct_on_rank0:  # rank 0: every completion correct (but not equally good); other ranks: none
         on_rank0 = int(os.environ["RANK"]) == 0  # the agent-local rank
         return [(1.0 if any(ch.isdigit() for ch in c[0]["content"]) else 0.5) * on_rank0 for c in completions]
