@@ -126,11 +126,11 @@ def test_padding_ratio_metric_by_hand(trim, batch_size, processed):
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
     trainer = _trainer(model, trim)
     ids, mask, keep = _batch(len(tok), tok.pad_token_id)
-    with torch.no_grad(), trainer._pass("ref_logps"):
+    with torch.no_grad(), trainer._pass("peer_scoring"):  # a pass chunked as its caller says
         trainer._get_per_token_logps_and_entropies(model, ids, mask, keep, batch_size=batch_size)
-    assert trainer._padding_sums["train"] == {"ref_logps": [processed, 19]}
+    assert trainer._padding_sums["train"] == {"peer_scoring": [processed, 19]}
     assert metrics.padding_metrics(trainer._padding_sums["train"]) == {
-        "hacpo/time/padding_ratio/ref_logps": pytest.approx(processed / 19)
+        "hacpo/time/padding_ratio/peer_scoring": pytest.approx(processed / 19)
     }
 
 

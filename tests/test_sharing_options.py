@@ -829,3 +829,22 @@ def test_positive_filter_keeps_peer_rows_with_a_positive_advantage():
     assert (positive.prompt_ids, positive.filtered) == (["p1"], 2)
     assert positive.advantages == [every.advantages[1]]
     assert torch.equal(positive.self_advantages, every.self_advantages)  # the baseline kept every row
+
+
+@pytest.mark.timeout(900)
+def test_a_solo_learner_computes_reference_log_probs_in_the_gspo_baselines_chunks(tmp_path, launch):
+    """With `beta` > 0 TRL's reference pass chunks a generation batch by `per_device_train_batch_size`: 2 rows in
+    the sharing schedule (4 updates of 8 own rows), 4 in the GSPO baseline's (2 updates). A learner with
+    `solo_steps_per_generation: 2` computes it in GSPO's 4-row chunks, as its old log-probs (on a GPU a forward's
+    shape can change the last bits); a learner without it keeps TRL's 2."""
+    from conftest import summaries
+
+    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--steps_per_generation", "4",
+           "--record_forwards", "--override", '0:learn_from="none"', "--override", "0:solo_steps_per_generation=2",
+           *[f"--override={i}:beta=0.04" for i in (0, 1)])  # fmt: skip
+    llama, qwen = summaries(tmp_path)
+    assert _metric(llama, "hacpo/learns_from/qwen1") == [0.0, 0.0]
+    for summary, rows in ((llama, 4), (qwen, 2)):
+        ref = [f[1] for f in summary["forwards"] if f[0] == "ref_logps"]
+        assert ref == [rows] * (2 * 8 // rows), summary["agent"]  # 2 generation batches of 8 own rows
+        assert [f[1] for f in summary["forwards"] if f[0] == "old_logps"] == ref

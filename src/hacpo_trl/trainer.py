@@ -86,6 +86,10 @@ from .vllm_seed import use_agent_engine_seeds
 
 __all__ = ["HACPOTrainer", "PROMPT_ID_COLUMN"]
 
+# TRL's no-gradient passes over the learner's own rows of a generation batch (`_pass_name`): in training they run in
+# the chunks of one update of a solo batch, so that a learner gated off computes them as the GSPO baseline does
+_OWN_ROW_PASSES = ("old_logps", "ref_logps")
+
 
 class HACPOTrainer(GRPOTrainer):
     """Train one agent of a HACPO run; every process of the launch builds one, for its own agent.
@@ -220,8 +224,9 @@ class HACPOTrainer(GRPOTrainer):
         generation batch) take rows in order of length and return them in the caller's order. Multimodal inputs
         and ``trim_padding=False`` keep TRL's padded forward; both count tokens processed and real."""
         n, width = input_ids.shape
-        name = self._pass_name()
-        batch_size = self._old_logps_chunk(n) if name == "old_logps" and self.model.training else batch_size or n
+        name = self._forward_name = self._pass_name()
+        # the no-gradient passes over a generation batch's own rows in a solo batch's chunks: the GSPO baseline's
+        batch_size = self._old_logps_chunk(n) if name in _OWN_ROW_PASSES and self.model.training else batch_size or n
         trim = self.args.trim_padding and all(v is None for v in extra.values())
         order = padding.length_order(attention_mask) if trim and batch_size < n else None
         if order is not None:
@@ -259,11 +264,12 @@ class HACPOTrainer(GRPOTrainer):
         return logps, entropy, (torch.stack(aux_losses).mean() if compute_aux_loss else None)
 
     def _old_logps_chunk(self, rows: int) -> int:
-        """Rows per chunk of the no-gradient pass over a generation batch's old log-probs (TRL's or ours): the rows
-        of one update of a solo batch (`_solo_steps`), i.e. TRL's mini-batch unless `solo_steps_per_generation` is
-        set. A learner gated off at a batch then computes them in GSPO's chunks, so with GSPO's own loss
-        (`_hacpo_loss`) it trains bit for bit as GSPO; with peers, its own rows' old log-probs differ from TRL's
-        chunking by float rounding only."""
+        """Rows per chunk of the no-gradient passes over a generation batch's own rows, the old log-probs (TRL's or
+        ours) and the reference model's: the rows of one update of a solo batch (`_solo_steps`), i.e. TRL's
+        mini-batch unless `solo_steps_per_generation` is set. A learner gated off at a batch then computes them in
+        GSPO's chunks (on a GPU a chunk's shape can change the last bits), so with GSPO's own loss (`_hacpo_loss`)
+        it trains bit for bit as GSPO; with peers, its own rows' log-probs differ from TRL's chunking by float
+        rounding only."""
         steps = self._solo_steps()
         return rows // steps if rows % steps == 0 else self.args.per_device_train_batch_size
 

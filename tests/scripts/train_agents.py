@@ -59,6 +59,15 @@ parser.add_argument(
     help="only completions made on an agent's rank 0 are correct (reward > 0): with peer_filter=correct, the ranks "
     "of one agent then keep different numbers of peer rows",
 )
+parser.add_argument("--record_forwards", action="store_true", help="each forward's pass name and rows")
+parser.add_argument(
+    "--engine_scheduler",
+    action="store_true",
+    help="the learning-rate schedule owned by the engine, as DeepSpeed's with a scheduler block: the Trainer's step "
+    "is a no-op and the real schedule steps inside the backward call of an update's last micro-batch",
+)
+parser.add_argument("--record_layout", action="store_true", help="own / peer / padding rows of each micro-batch")
+parser.add_argument("--eval_steps", type=int, default=0, help="TRL's own evaluation every N optimizer steps")
 parser.add_argument("--zero_reward", type=int, default=-1, help="agent i solves nothing: every reward 0 (P̂ = 0)")
 parser.add_argument("--task", default="digits", help="digits (4x4 sums, any digit scores) or arithmetic (built-in)")
 parser.add_argument("--lora_targets", default="q_proj,v_proj")
@@ -123,6 +132,7 @@ args = HACPOConfig(
     peer_delta_step=opts.delta_step,
     lr_scheduler_type="constant",
     peer_filter=opts.peer_filter,
+    **({"eval_strategy": "steps", "eval_steps": opts.eval_steps} if opts.eval_steps else {}),
 )
 
 # Each agent starts from a saved base model, as a real run would (LoRA adapters then record their base).
@@ -189,7 +199,63 @@ class TraceParams(TrainerCallback):
 
 
 callbacks = [DieAt(), TraceParams()] if opts.trace_params else [DieAt()]
-trainer = HACPOTrainer(model=base, reward_funcs=has_digit, args=args, train_dataset=dataset, callbacks=callbacks)
+forwards = []  # (pass, rows) of every forward TRL's log-prob function runs, in order (`--record_forwards`)
+if opts.record_forwards:
+    import trl
+
+    trl_logps = trl.GRPOTrainer._get_per_token_logps_and_entropies
+
+    def recording_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, *rest, **kw):
+        n = input_ids.shape[0]
+        size = batch_size or n  # TRL's own chunks when HACPO passes it a batch size (untrimmed forwards)
+        forwards.extend([self._forward_name, min(size, n - i)] for i in range(0, n, size))
+        return trl_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size, *rest, **kw)
+
+    trl.GRPOTrainer._get_per_token_logps_and_entropies = recording_logps
+trainer = HACPOTrainer(
+    model=base, reward_funcs=has_digit, args=args, train_dataset=dataset, callbacks=callbacks,
+    eval_dataset=dataset.select(range(4)) if opts.eval_steps else None,
+)  # fmt: skip
+layouts = []  # per training generation batch: [own, peer, padding] rows of each micro-batch, None = skipped
+if opts.record_layout:
+    prepare_inputs = trainer._prepare_inputs
+
+    def recording_prepare_inputs(generation_batch):
+        buffered = trainer._buffered_inputs
+        out = prepare_inputs(generation_batch)
+        if trainer.model.training and trainer._buffered_inputs is not buffered:  # a new generation batch
+            layouts.append([
+                None if mb is None else (
+                    [int((~mb["hacpo_is_peer"]).sum()), int((mb["hacpo_is_peer"] & mb["hacpo_valid"]).sum()),
+                     int((mb["hacpo_is_peer"] & ~mb["hacpo_valid"]).sum())]
+                    if "hacpo_is_peer" in mb else [int(mb["completion_ids"].shape[0]), 0, 0]
+                )
+                for mb in trainer._buffered_inputs
+            ])  # fmt: skip
+        return out
+
+    trainer._prepare_inputs = recording_prepare_inputs
+engine_schedule = []  # the engine-owned schedule (`--engine_scheduler`), to read its step count at the end
+if opts.engine_scheduler:
+    from accelerate.utils.deepspeed import DeepSpeedSchedulerWrapper
+
+    create_scheduler = trainer.create_scheduler
+
+    def engine_owned_scheduler(num_training_steps, optimizer=None):
+        inner = create_scheduler(num_training_steps, optimizer)
+        engine_schedule.append(inner)
+        trainer.lr_scheduler = DeepSpeedSchedulerWrapper(inner, trainer.optimizer)  # its step() does nothing
+        backward = trainer.accelerator.backward
+
+        def backward_stepping_the_schedule(loss, **kwargs):  # accelerate's DeepSpeed backward: engine.step() there
+            backward(loss, **kwargs)
+            if trainer.accelerator.sync_gradients:
+                inner.step()
+
+        trainer.accelerator.backward = backward_stepping_the_schedule
+        return trainer.lr_scheduler
+
+    trainer.create_scheduler = engine_owned_scheduler
 peer_log = {}
 if opts.record_peers:  # what the learner built from its peers' records at the first step, as token ids
     unrecorded_add_peer_rows = trainer._add_peer_rows  # its own name: `add_peer_rows` is rebound below
@@ -292,6 +358,9 @@ summary = {
     "param_trace": param_trace,
     "peers": peer_log,
     "batch_rewards": batch_rewards,
+    "forwards": forwards,
+    "layouts": layouts,
+    "engine_schedule_steps": engine_schedule[0].last_epoch if engine_schedule else None,
     "base": base,
 }
 with open(os.path.join(opts.out, f"summary-{trainer.topology.global_rank}.json"), "w") as f:
