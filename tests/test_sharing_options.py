@@ -832,6 +832,35 @@ def test_positive_filter_keeps_peer_rows_with_a_positive_advantage():
 
 
 @pytest.mark.timeout(900)
+def test_skipped_updates_through_an_evaluation_and_an_engine_owned_schedule(tmp_path, launch):
+    """A gated-off llama0 (P̂ 0.5 against qwen1's 0) skips updates 3 and 4 of each generation batch:
+
+    - TRL's own evaluation (`eval_strategy: steps`, after every update) leaves the model in eval mode until TRL's
+      training_step calls model.train(); the updates after it must still be skipped (they hold no rows: reaching
+      TRL's loss was a TypeError);
+    - with the schedule owned by the engine (DeepSpeed with a scheduler block, emulated: the Trainer's step is a
+      no-op, the real one steps inside the update's backward call) a skipped update still advances it, as the
+      Trainer's own schedule does on every other backend;
+    - the logs say which updates were skipped (`hacpo/skipped_updates`) and give them no gradient norm."""
+    from conftest import summaries
+
+    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--steps_per_generation", "4",
+           "--zero_reward", "1", "--correct_on_rank0", "--eval_steps", "1", "--engine_scheduler",
+           *[f"--override={i}:{k}={v}" for i in (0, 1) for k, v in [("capability_gate", "1.0"),
+             ("capability_gate_confidence", "0.95"), ("solo_steps_per_generation", "2")]])  # fmt: skip
+    llama, qwen = summaries(tmp_path)
+    assert len(_metric(llama, "eval_loss")) == 8  # evaluated after every update, the skipped ones included
+    assert _metric(llama, "hacpo/learns_from/qwen1") == [0.0, 0.0]
+    assert _metric(qwen, "hacpo/learns_from/llama0") == [1.0, 1.0]
+    losses = _metric(llama, "loss")
+    assert len(losses) == 8 and losses[2::4] == losses[3::4] == [0.0, 0.0] and llama["global_step"] == 8
+    assert _metric(llama, "hacpo/skipped_updates") == [0.0, 0.0, 1.0, 1.0] * 2
+    assert [("grad_norm" in e) for e in llama["log_history"] if "loss" in e] == [True, True, False, False] * 2
+    assert _metric(qwen, "hacpo/skipped_updates") == [0.0] * 8  # it learns from llama0: no update skipped
+    assert llama["engine_schedule_steps"] == qwen["engine_schedule_steps"] == 8  # as the Trainer's 8 steps
+
+
+@pytest.mark.timeout(900)
 def test_a_solo_learner_computes_reference_log_probs_in_the_gspo_baselines_chunks(tmp_path, launch):
     """With `beta` > 0 TRL's reference pass chunks a generation batch by `per_device_train_batch_size`: 2 rows in
     the sharing schedule (4 updates of 8 own rows), 4 in the GSPO baseline's (2 updates). A learner with

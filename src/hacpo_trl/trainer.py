@@ -156,6 +156,7 @@ class HACPOTrainer(GRPOTrainer):
         self._padding_sums: dict[str, dict[str, list[float]]] = {"train": {}, "eval": {}}
         self._solo_batch = False  # whether the buffered generation batch holds own rows only (`_prepare_inputs`)
         self._rescue_batch = False  # whether its peer rows are rescued ones only (`capability_gate_rescue`)
+        self._updates_since_log = {"made": 0, "skipped": 0}  # optimizer updates since the last training log
         self.add_callback(metrics.OptimizerTimer(self))
         vllm_weights = self.use_vllm and self.vllm_importance_sampling_correction
         self._self_on_policy = self_on_policy(args.gradient_accumulation_steps, self._generate_every, vllm_weights)
@@ -278,35 +279,55 @@ class HACPOTrainer(GRPOTrainer):
         for key, value in metrics.padding_metrics(self._padding_sums[mode]).items():
             self._metrics[mode][key] = [value]
         self._padding_sums[mode] = {}
+        if mode == "train" and "loss" in logs and self._solo_steps() != self.args.steps_per_generation:
+            counts, self._updates_since_log = self._updates_since_log, {"made": 0, "skipped": 0}
+            logs["hacpo/skipped_updates"] = float(counts["skipped"])  # their loss is logged as 0
+            if counts["skipped"] and not counts["made"]:
+                logs.pop("grad_norm", None)  # none was computed (DeepSpeed would repeat the last update's)
         super().log(logs, start_time)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         if self._skips_update():  # a solo batch's update beyond `solo_steps_per_generation`: nothing to train on
             if self._rescue_batch and (self._step + 1) % self._generate_every == 0:
                 self._collect_peer_ratios(torch.zeros(0), 0.0)  # the batch's last micro-step: log its peer ratios
+            model.train()  # as Trainer.training_step would: after an evaluation the logs must read as training's
             self._step += 1  # TRL's micro-batch counter, as its own training_step would advance it
+            if self._step % self.current_gradient_accumulation_steps == 0:  # the skipped update's last micro-batch
+                self._updates_since_log["skipped"] += 1
+                self._advance_engine_scheduler()
             return torch.zeros((), device=self.args.device)
         self._prepare_seconds = 0.0
         start = time.perf_counter()
         loss = super().training_step(model, inputs, num_items_in_batch)
-        if self.args.skip_empty_updates and self._step % self.current_gradient_accumulation_steps == 0:
-            if not self.__dict__.pop("_update_has_rows", True):  # no row of this update had a gradient, on any rank
-                model.zero_grad(set_to_none=True)  # so the optimizer step that follows changes nothing
+        if self._step % self.current_gradient_accumulation_steps == 0:  # the update's last micro-batch
+            self._updates_since_log["made"] += 1
+            if self.args.skip_empty_updates and not self.__dict__.pop("_update_has_rows", True):
+                model.zero_grad(set_to_none=True)  # no row of it had a gradient, on any rank: no optimizer step
         end_startup()  # downloads, vLLM start-up and the first generation are behind every agent now
         self._metrics["train"]["hacpo/time/loss_and_backward"].append(
             time.perf_counter() - start - self._prepare_seconds
         )
         return loss
 
+    def _advance_engine_scheduler(self) -> None:
+        """At a skipped update, the learning-rate schedule advances as at any other (the Trainer counts it as a step
+        and steps its scheduler). Under DeepSpeed with a scheduler the engine owns (a DeepSpeed config with an
+        `optimizer` or `scheduler` block) the Trainer's step is a no-op and the engine steps the schedule inside the
+        backward call, which a skipped update never makes: step it here, so every backend follows the same schedule.
+        (With a schedule that is not constant, a learner gated off is GSPO up to where in it each update falls.)"""
+        from accelerate.utils.deepspeed import DeepSpeedSchedulerWrapper
+
+        if isinstance(self.lr_scheduler, DeepSpeedSchedulerWrapper):
+            self.lr_scheduler.scheduler.step()
+
     def _skips_update(self) -> bool:
         """Whether this micro-batch is one a solo generation batch leaves out (``None`` in TRL's buffer, see
         `_prepare_inputs`). No forward or backward runs, so no parameter has a gradient and the optimizer step
         that follows changes nothing (AdamW skips such parameters: no momentum step, no weight decay); the decision
         reads the agent's shared capability and settings only, so every rank of the agent skips together."""
-        buffered = self._buffered_inputs
-        return (
-            self.model.training
-            and buffered is not None
+        buffered = self._buffered_inputs  # not `self.model.training`: after an evaluation it is False until TRL's
+        return (  # own training_step calls model.train(), and a skipped micro-batch must never reach TRL's loss
+            buffered is not None
             and self._step % self._generate_every != 0  # a new generation batch is never skipped
             and buffered[self._step % self.args.steps_per_generation] is None
         )
