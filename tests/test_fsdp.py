@@ -72,11 +72,11 @@ def test_recommended_preset_under_fsdp_with_a_gated_off_agent_and_uneven_peer_ro
     solves nothing (P̂ = 0); llama0's completions are correct on its rank 0 only (P̂ = 0.5, z = 2.83 against llama1).
     So llama0's gate stays closed and it makes 2 of the 4 updates of each batch (the other 2 skipped on both ranks);
     llama1's gate opens, its rank 0 holds llama0's 4 correct rows of its prompts and rank 1 none, and the band gate's
-    no-gradient forward over them must not leave rank 1 out of a collective. Both agents start from the same weights,
-    so the peer ratios start at 1, inside the band."""
+    no-gradient forwards over them must not leave rank 1 out of a collective. Both agents start from the same
+    weights, so the peer ratios start at 1, inside the band."""
     launch(4, "train_agents.py", "--agents", "llama:2,llama:2", "--out", str(tmp_path), "--steps", "8", "--fsdp",
            "--steps_per_generation", "4", "--peer_filter", "correct", "--correct_on_rank0", "--zero_reward", "1",
-           "--exchange_timeout", "60",
+           "--exchange_timeout", "60", "--record_forwards",
            *[f"--override={i}:{k}={v}" for i in (0, 1) for k, v in [("capability_gate", "1.0"),
              ("capability_gate_confidence", "0.95"), ("band_gate", "true"), ("solo_steps_per_generation", "2")]],
            timeout=300)  # fmt: skip
@@ -98,3 +98,6 @@ def test_recommended_preset_under_fsdp_with_a_gated_off_agent_and_uneven_peer_ro
         assert logged(s, "hacpo/learns_from/llama0") == [1.0, 1.0]
         assert s["peer_rows_here"] == ([4, 4] if s["agent_rank"] == 0 else [0, 0])
         assert all(rows > 0 for rows in logged(s, "hacpo/band_rows/llama0"))
+        # the band gate scores in forwards of per_device_train_batch_size (1) rows, as many on rank 1 (no peer row:
+        # one row scored and dropped) as rank 0 needs for its 4: one forward of all of them would be 4 rows on rank 0
+        assert [f for f in s["forwards"] if f[0] == "band_gate"] == [["band_gate", 1]] * 8

@@ -454,16 +454,31 @@ class HACPOTrainer(GRPOTrainer):
     @torch.no_grad()
     def _peers_in_band(self, batch: dict, rows: PeerRows, prompt_ids, peers: list[str]) -> dict[str, int]:
         """How many of each peer's valid rows lie in the band [lb_0, 1] under the learner now, summed over the
-        agent's ranks (a collective: every rank of the agent calls it, and runs a forward even with no peer row,
-        since under FSDP / ZeRO-3 a forward is a collective too). The RNG is left as it was, so that a learner whose
-        peers all close generates and trains exactly as GSPO."""
+        agent's ranks (a collective: every rank of the agent calls it). Scored in forwards of
+        `per_device_train_batch_size` rows, as TRL's no-gradient passes (all of a rank's peer rows in one forward
+        would hold some hundred times a training forward's activations at the paper's scale), and in the same number
+        of forwards on every rank, the most any rank needs (a rank short of rows scores one row and drops it), since
+        under FSDP / ZeRO-3 a forward is a collective too. The RNG is left as it was, so that a learner whose peers
+        all close generates and trains exactly as GSPO."""
         trial = self._with_peer_rows(dict(batch), rows, prompt_ids)
         candidates = trial["hacpo_is_peer"] & trial["hacpo_valid"]
-        scored = candidates if candidates.any() else torch.arange(len(candidates), device=candidates.device) == 0
-        with self._pass("band_gate"), self._rng_kept():
-            logps = self._row_logps(self.model, trial, scored)
+        index = candidates.nonzero().flatten()
+        lengths = torch.cat([trial["prompt_mask"], trial["completion_mask"]], dim=1)[index]
+        index = index[padding.length_order(lengths)]  # rows of similar length share a forward
+        size = max(1, self.args.per_device_train_batch_size)
+        count = torch.tensor([len(index)], device=self.accelerator.device)
+        forwards = max(1, math.ceil(int(self.accelerator.gather(count).max()) / size))
         cfg = self.hacpo_loss_config
-        ratio = peer_log_ratios(logps, trial, scored, cfg).exp()[candidates[scored]]
+        ratio = torch.full((len(candidates),), float("nan"), device=candidates.device)
+        with self._pass("band_gate"), self._rng_kept():
+            for k in range(forwards):
+                chunk = index[k * size : (k + 1) * size]
+                scored = torch.zeros_like(candidates)
+                scored[chunk if len(chunk) else 0] = True
+                logps = self._row_logps(self.model, trial, scored)
+                if len(chunk):
+                    ratio[scored] = peer_log_ratios(logps, trial, scored, cfg).exp().float()
+        ratio = ratio[candidates]
         sources = [s for s, ok in zip(rows.sources, rows.valid, strict=True) if ok]
         bound = stepwise_lower_bound(0, cfg.delta, cfg.delta_step)
         counts = peers_in_band(ratio, sources, peers, bound)
