@@ -414,3 +414,17 @@ def test_plan_counts_a_solo_batchs_larger_forward_and_refuses_a_solo_schedule_of
         next(p for p in plans[32].problems if p.startswith("agent 'qwen3-4b-base'"))
     ]
     assert any("solo_steps_per_generation 48 must divide steps_per_generation 128" in p for p in plans[48].problems)
+
+
+def test_plan_sizes_a_rescue_batch_for_all_peer_rows_in_the_solo_micro_batches(hub_cache, capsys):
+    """With `capability_gate_rescue`, a batch whose peer rows are rescued ones only keeps the solo schedule's 64
+    micro-batches, each with its 4 own rows and an equal share of the rescued rows: up to all 256 of a rank's peer
+    rows, 4 more per forward, 8 in all, which the 4B agent does not fit on an 80 GB card."""
+    path = ROOT / "recipes" / "qwen3_1.7b_base_x_qwen3_4b_base_preset.yaml"
+    recipe = {**yaml.safe_load(path.read_text()), "capability_gate_rescue": True}
+    launch = launch_from_accelerate(yaml.safe_load((ROOT / "accelerate_configs" / "zero2_8gpu.yaml").read_text()))
+    dm = {"qwen3-1.7b-base": dims("Qwen/Qwen3-1.7B-Base"), "qwen3-4b-base": dims("Qwen/Qwen3-4B-Base")}
+    plan = make_plan(recipe, dm, launch, H100, 7500)
+    assert [a.batch["rescue_rows_per_forward"] for a in plan.agents] == [4 + 256 // 64] * 2
+    assert any(p.startswith("agent 'qwen3-4b-base'") and "does not fit" in p for p in plan.problems)
+    assert "with rescued peer rows only (capability_gate_rescue): up to 8 rows per forward pass" in format_plan(plan)

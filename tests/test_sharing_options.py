@@ -680,15 +680,16 @@ def test_gate_rescue_lends_a_closed_peers_rows_on_failed_prompts_only_through_th
     """llama0 gated at 100 (qwen1 closed unless P̂_llama0 is 0) with the rescue, the solo schedule (2 of 4 updates)
     and a band [0, 1]; 8 generation batches of 16 rows. At every batch it logs as rescued exactly the prompts that
     the recorded rewards show it failed at every completion and qwen1 solved once (none while qwen1 is open), builds
-    peer rows then and only then, and keeps the solo schedule (updates 3 and 4 leave the weights alone) at a batch
-    whose peer rows are rescued ones only. The same run without the rescue trains bit for bit alike until the first
+    peer rows then and only then, and keeps the solo schedule (updates 3 and 4 leave the weights alone, and updates 1
+    and 2 hold the own rows as GSPO's do, with half the rescued rows each) at a batch whose peer rows are rescued ones
+    only. The same run without the rescue trains bit for bit alike until the first
     rescued prompt, and differently from its update on: the rescue changes nothing else."""
     from conftest import summaries
 
     common = ["--steps", "32", "--steps_per_generation", "4", "--generation_batch", "16", "--trace_params",
               "--override", "0:capability_gate=100.0", "--override", "0:solo_steps_per_generation=2",
               "--override", "0:peer_delta=1.0", "--override", '0:peer_filter="correct"']  # fmt: skip
-    launch(2, "train_agents.py", "--out", str(tmp_path / "rescue"), *common,
+    launch(2, "train_agents.py", "--out", str(tmp_path / "rescue"), *common, "--record_layout",
            "--override", "0:capability_gate_rescue=true")  # fmt: skip
     launch(2, "train_agents.py", "--out", str(tmp_path / "plain"), *common)
     llama, _ = summaries(tmp_path / "rescue")
@@ -711,6 +712,11 @@ def test_gate_rescue_lends_a_closed_peers_rows_on_failed_prompts_only_through_th
     peer_rows = _metric(llama, "hacpo/peer_rows")
     assert [n > 0 for n in peer_rows] == [o > 0 or r > 0 for o, r in zip(opened, rescued, strict=True)]
     assert len(_metric(llama, "hacpo/peer_ratio_in_band")) == sum(n > 0 for n in peer_rows)  # logged per batch
+    for layout, is_open, rows in zip(llama["layouts"], opened, peer_rows, strict=True):
+        if not is_open and rows:  # rescued rows only: each of the 2 updates holds GSPO's 8 of the 16 own rows and
+            # half the rescued rows, padded to an even count (not to the 4 micro-batches of the sharing schedule)
+            assert layout[2:] == [None, None] and [mb[0] for mb in layout[:2]] == [8, 8], layout
+            assert layout[0][1] + layout[0][2] == layout[1][1] + layout[1][2] == (rows + 1) // 2, layout
     trace = llama["param_trace"]
     for b, is_open in enumerate(opened):
         if not is_open:  # learned from no one, or from rescued rows only: 2 updates, the other 2 take no step

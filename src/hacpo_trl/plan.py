@@ -302,6 +302,8 @@ def batch_arithmetic(recipe: dict, spec: dict, n_ranks: int, n_agents: int) -> d
         per_update.append({"own": own * n_ranks, "peer": (last - first - own) * n_ranks})
     solo = _get(recipe, spec, "solo_steps_per_generation")
     solo = int(solo) if sharing and solo else None  # the trainer checks that it divides into whole updates
+    # a batch with rescued peer rows only (`capability_gate_rescue`) adds them to the solo micro-batches: at most all
+    rescue = solo and bool(_get(recipe, spec, "capability_gate_rescue", False))
     return {
         "per_device_train_batch_size": per_device,
         "gradient_accumulation_steps": ga,
@@ -321,13 +323,15 @@ def batch_arithmetic(recipe: dict, spec: dict, n_ranks: int, n_agents: int) -> d
         "solo_updates": solo * iterations / ga if solo else None,
         "solo_rows_per_update": own_per_rank * n_ranks * ga // solo if solo else None,
         "solo_rows_per_forward": own_per_rank // solo if solo else None,
+        "rescue_rows_per_forward": own_per_rank // solo + -(-peer_per_rank // solo) if rescue else None,
     }
 
 
 def forward_rows(batch: dict) -> int:
     """The largest forward pass the agent runs: a solo batch's forwards hold more rows when its micro-batches are
-    fewer than the own rows' share of the sharing schedule's."""
-    return max(int(batch["rows_per_forward"]), int(batch.get("solo_rows_per_forward") or 0))
+    fewer than the own rows' share of the sharing schedule's, and a batch of rescued peer rows adds them to those."""
+    solo = [int(batch.get(k) or 0) for k in ("solo_rows_per_forward", "rescue_rows_per_forward")]
+    return max(int(batch["rows_per_forward"]), *solo)
 
 
 def _dtype_bytes(value, default: int) -> int:
@@ -762,6 +766,11 @@ def format_plan(plan: Plan) -> str:
                 f"{b['solo_rows_per_update']} own rows, {b['solo_rows_per_forward']} rows per forward pass; "
                 f"{skipped:g} skipped (solo_steps_per_generation {b['solo_steps_per_generation']})"
             )
+            if b.get("rescue_rows_per_forward"):
+                lines.append(
+                    f"  with rescued peer rows only (capability_gate_rescue): up to {b['rescue_rows_per_forward']} "
+                    "rows per forward pass"
+                )
         lines.append("  memory per rank (GiB): " + ", ".join(f"{k} {v:.1f}" for k, v in a.memory.items() if v))
         budget = "" if plan.device_gib is None else f" of {plan.device_gib:.1f}"
         low, high = a.error_gib

@@ -405,7 +405,9 @@ class HACPOTrainer(GRPOTrainer):
         if not involved:  # learns from no one at this batch: GSPO's own batch (its records were still shared)
             self._log(mode, metrics.peer_row_metrics([0, 0, 0, 0]))
             return self._own_rows_only(batch)
-        batch = self._add_peer_rows(batch, rows, prompt_ids, exchange_time, mode)
+        # a batch whose peer rows are rescued ones only is cut into the micro-batches of a batch learned from no one
+        steps = self._solo_steps() if not peers else self.args.steps_per_generation
+        batch = self._add_peer_rows(batch, rows, prompt_ids, exchange_time, mode, steps)
         batch["hacpo_rescue_only"] = not peers  # read by _prepare_inputs (the solo schedule), then dropped
         return batch
 
@@ -515,17 +517,19 @@ class HACPOTrainer(GRPOTrainer):
         for key, value in values.items():
             self._metrics[mode][key].append(value)
 
-    def _with_peer_rows(self, batch: dict, rows: PeerRows, prompt_ids) -> dict:
-        """TRL's batch with ``rows`` appended (:func:`~hacpo_trl.peer_rows.append_peer_rows`)."""
+    def _with_peer_rows(self, batch: dict, rows: PeerRows, prompt_ids, steps: int | None = None) -> dict:
+        """TRL's batch with ``rows`` appended (:func:`~hacpo_trl.peer_rows.append_peer_rows`), padded to a whole
+        number of rows in each of ``steps`` micro-batches (default `steps_per_generation`)."""
         prompt_tokens = self_prompt_tokens(prompt_ids, batch["prompt_ids"], batch["prompt_mask"])
         pad_id = self._tokenizer.pad_token_id
-        return append_peer_rows(batch, rows, prompt_tokens, prompt_ids, self.args.steps_per_generation, pad_id)
+        steps = steps or self.args.steps_per_generation
+        return append_peer_rows(batch, rows, prompt_tokens, prompt_ids, steps, pad_id)
 
-    def _add_peer_rows(self, batch, rows: PeerRows, prompt_ids, exchange_time, mode):
-        """Append the peer rows to TRL's batch; log their counts."""
+    def _add_peer_rows(self, batch, rows: PeerRows, prompt_ids, exchange_time, mode, steps: int | None = None):
+        """Append the peer rows to TRL's batch (for ``steps`` micro-batches); log their counts."""
         batch.pop("old_per_token_logps", None)  # HACPO's loss uses per-sequence old log-probs (hacpo_old_mean_logp)
         self._last_peer_rows = rows  # what `hacpo-probe` reports on
-        batch = self._with_peer_rows(batch, rows, prompt_ids)
+        batch = self._with_peer_rows(batch, rows, prompt_ids, steps)
         batch["hacpo_num_self"] = len(prompt_ids)  # read by _prepare_inputs, then dropped
         counts = [len(rows), rows.rejected, rows.truncated, rows.filtered]
         stats = torch.tensor(counts, dtype=torch.float32, device=batch["completion_ids"].device)
@@ -551,8 +555,10 @@ class HACPOTrainer(GRPOTrainer):
                 if n_self is None:
                     batch = shuffle_sequence_dict(batch)  # exactly TRL's order when there are no peer rows
                     steps = self._solo_steps()
-                else:  # peer rows; only rescued ones keep the schedule of a batch learned from no one
-                    steps = self._solo_steps() if rescue_only else steps
+                elif rescue_only:  # the schedule of a batch learned from no one: each of its micro-batches holds
+                    steps = self._solo_steps()  # GSPO's share of the own rows, and an equal share of the rescued
+                    batch = order_rows(batch, n_self, steps, "interleaved")
+                else:
                     batch = order_rows(batch, n_self, steps, self.args.peer_layout)
                 if self.args.group_by_length:
                     batch = self._group_by_length(batch, steps)
