@@ -1,0 +1,86 @@
+"""The recommended preset against GSPO at two points of the same runs, and how often each agent's gate opened: does
+the preset keep protecting the stronger agent, and keep lifting the weaker one, when training runs twice as long?
+
+    python benchmarks/preset_horizon.py     # reads benchmarks/runs/validation-96steps-b3 (RESULTS.md, sixth session)
+
+Reads the finished runs of `reproduce.py --split validation --steps 96 --eval_every 16 --pairs state model --methods
+GSPO "<preset>"` (the curve points at 48 and 96 generation batches, and each agent's logged
+`hacpo/learns_from/<peer>`) and writes a section of `benchmarks/screens/validation-96steps-b3/RESULTS.md`. Nothing is
+trained here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import provenance, write_section  # noqa: E402
+from reproduce import METHODS, PAIR_AGENTS, RECOMMENDED, STRONGER, _folder, paired_ci  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def paired(a: list[float], b: list[float]) -> str:
+    mean, low, high = paired_ci(a, b)
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=Path, default=ROOT / "benchmarks" / "runs" / "validation-96steps-b3")
+    parser.add_argument("--pairs", nargs="+", default=["state", "model"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=list(range(100, 108)))
+    parser.add_argument("--points", nargs="+", type=int, default=[48, 96], help="generation batches")
+    parser.add_argument("--results", type=Path, default=None)
+    args = parser.parse_args(argv)
+    start = time.time()
+    updates = {m: METHODS[m][2] for m in ("GSPO", RECOMMENDED)}  # optimizer steps per generation batch
+    head = " | ".join(f"preset − GSPO at {n}" for n in args.points)
+    lines = [
+        "## The preset at a longer horizon (`benchmarks/preset_horizon.py`)",
+        "",
+        f"Validation, seeds {args.seeds[0]}–{args.seeds[-1]}, paired by seed (95% t-interval); the point at *n* "
+        "generation batches is the same run's evaluation there. Open batches: generation batches at which the agent "
+        "learned from its peer, per seed.",
+        "",
+        f"| pair | agent | {head} | seeds = GSPO at {args.points[-1]} | open batches per seed |",
+        "|---|---|" + "---|" * len(args.points) + "---|---|",
+    ]
+    for pair in args.pairs:
+        agents = sorted(PAIR_AGENTS[pair], key=lambda a: a != STRONGER[pair])  # the stronger agent first
+        for agent in agents:
+            peer = next(a for a in agents if a != agent)
+            cells, opened = [], []
+            for n in args.points:
+                acc = {m: [] for m in updates}
+                for seed in args.seeds:
+                    for method, per_batch in updates.items():
+                        folder = _folder(args.runs, pair, method, seed)
+                        curve = json.loads((folder / "hacpo_summary.json").read_text())[agent]["curve"]
+                        acc[method].append(dict(curve)[per_batch * n])
+                cells.append(paired(acc[RECOMMENDED], acc["GSPO"]))
+                equal = sum(x == y for x, y in zip(acc[RECOMMENDED], acc["GSPO"], strict=True))
+            for seed in args.seeds:
+                folder = _folder(args.runs, pair, RECOMMENDED, seed)
+                log = json.loads((folder / agent / "log_history.json").read_text())
+                flags = [e[f"hacpo/learns_from/{peer}"] for e in log if f"hacpo/learns_from/{peer}" in e]
+                opened.append(f"{int(sum(flags))}/{len(flags)}")
+            role = " (stronger)" if agent == STRONGER[pair] else ""
+            lines.append(
+                f"| {pair} | {agent}{role} | "
+                + " | ".join(cells)
+                + f" | {equal}/{len(args.seeds)} | {', '.join(opened)} |"
+            )
+    results = args.results or args.runs.parent.parent / "screens" / args.runs.name / "RESULTS.md"
+    lines += ["", provenance("preset_horizon.py", argv if argv is not None else sys.argv[1:], time.time() - start)]
+    write_section(results, "preset_horizon", lines)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
