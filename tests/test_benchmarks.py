@@ -4,6 +4,7 @@ import argparse
 import json
 import math
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -175,3 +176,36 @@ def test_every_pair_runs_the_recipe_of_its_agents():
         recipe = yaml.safe_load(reproduce.recipe(pair).read_text())
         assert tuple(a["name"] for a in recipe["agents"]) == agents, pair
         assert [a["model_name_or_path"] for a in recipe["agents"]] == [f"builtin:{a}" for a in agents], pair
+
+
+def test_two_looks_corrects_each_look_by_hand(tmp_path):
+    """`two_looks.py`: t quantiles equal the table `reproduce.py` uses (0.975) and the textbook 0.9875 values (2.841
+    for 7 degrees of freedom, 2.490 for 15); on hand-made looks of 4 seeds, differences 1, 2, 3, 4 (mean 2.5, sd
+    1.291, t(3, 0.9875) = 4.177) give the 97.5% interval 2.5 ± 2.696 (not above 0), and 3, 4, 5, 6 give 4.5 ± 2.696
+    (above 0), in hundredths; overlapping seeds are refused."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from reproduce import RECOMMENDED, T_975
+    from two_looks import main, t_quantile
+
+    for dof, t in T_975.items():
+        assert t_quantile(0.975, dof) == pytest.approx(t, abs=1.5e-3)
+    assert t_quantile(0.9875, 7) == pytest.approx(2.841, abs=1e-3)
+    assert t_quantile(0.9875, 15) == pytest.approx(2.490, abs=1e-3)
+
+    def look(path, seeds, diffs):
+        gspo = [0.5] * len(seeds)
+        acc = {"trace-small": {"GSPO": gspo, RECOMMENDED: [g + d for g, d in zip(gspo, diffs, strict=True)]}}
+        path.write_text(json.dumps({"seeds": seeds, "settings": {"size": {"accuracy": acc}}}))
+
+    look(tmp_path / "a.json", [0, 1, 2, 3], [0.03, 0.04, 0.05, 0.06])
+    look(tmp_path / "b.json", [4, 5, 6, 7], [0.01, 0.02, 0.03, 0.04])
+    out = tmp_path / "RESULTS.md"
+    files = ["--grid", str(tmp_path / "a.json"), "--replication", str(tmp_path / "b.json"), "--results", str(out)]
+    assert main(files) == 0
+    half = 4.177 * statistics.stdev([1, 2, 3, 4]) / 2 / 100
+    rows = [r for r in out.read_text().splitlines() if r.startswith("| look")]
+    assert "| +0.0450 |" in rows[0] and f"[{0.045 - half:+.4f}, {0.045 + half:+.4f}] | yes |" in rows[0], rows[0]
+    assert "| +0.0250 |" in rows[1] and f"[{0.025 - half:+.4f}, {0.025 + half:+.4f}] | no |" in rows[1], rows[1]
+    look(tmp_path / "b.json", [3, 4, 5, 6], [0.01] * 4)
+    with pytest.raises(SystemExit, match=r"share seeds \[3\]"):
+        main(files)
