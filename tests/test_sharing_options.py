@@ -883,3 +883,35 @@ def test_a_solo_learner_computes_reference_log_probs_in_the_gspo_baselines_chunk
         ref = [f[1] for f in summary["forwards"] if f[0] == "ref_logps"]
         assert ref == [rows] * (2 * 8 // rows), summary["agent"]  # 2 generation batches of 8 own rows
         assert [f[1] for f in summary["forwards"] if f[0] == "old_logps"] == ref
+
+
+@pytest.mark.timeout(900)
+def test_updates_without_gradients_step_through_a_grad_scaler(tmp_path, launch):
+    """fp16 mixed precision (on an accelerator, without DeepSpeed) steps through torch's GradScaler, which fails an
+    optimizer step that has no gradient to check ("No inf checks were recorded for this optimizer"). With the scaler
+    accelerate would make (set by the test: accelerate refuses fp16 on the CPU):
+
+    - llama0, gated off (P̂ 0.5 against qwen1's 0), skips updates 3 and 4 of each generation batch: they leave its
+      weights alone;
+    - qwen1 learns from llama0 but its band (width 1e-6) keeps no peer row, so with `skip_empty_updates` its updates
+      of peer rows only (3 and 4: own rows first) have no gradient and take no step.
+
+    Both finish all 8 steps, their other updates train, and the scaler is enabled again with its scale as it started
+    (no inf was ever found)."""
+    from conftest import summaries
+
+    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--steps_per_generation", "4",
+           "--zero_reward", "1", "--correct_on_rank0", "--trace_params", "--grad_scaler",
+           "--override", "1:peer_delta=1e-6", "--override", "1:skip_empty_updates=true",
+           *[f"--override={i}:{k}={v}" for i in (0, 1) for k, v in [("capability_gate", "1.0"),
+             ("capability_gate_confidence", "0.95"), ("solo_steps_per_generation", "2")]])  # fmt: skip
+    llama, qwen = summaries(tmp_path)
+    assert _metric(llama, "hacpo/learns_from/qwen1") == [0.0, 0.0]
+    assert _metric(qwen, "hacpo/learns_from/llama0") == [1.0, 1.0]
+    assert _metric(qwen, "hacpo/peer_ratio_in_band") == [0.0, 0.0] and min(_metric(qwen, "hacpo/peer_rows")) > 0
+    for s in (llama, qwen):
+        assert s["global_step"] == 8 and s["grad_scaler"] == {"enabled": True, "scale": 2.0**10}
+        trace = s["param_trace"]
+        for b in (0, 1):  # updates 3 and 4 of each batch take no step
+            assert trace[4 * b + 1] == trace[4 * b + 2] == trace[4 * b + 3], (s["agent"], trace)
+        assert trace[4] != trace[3], (s["agent"], trace)  # the next batch's first update trains

@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
@@ -89,6 +90,19 @@ __all__ = ["HACPOTrainer", "PROMPT_ID_COLUMN"]
 # TRL's no-gradient passes over the learner's own rows of a generation batch (`_pass_name`): in training they run in
 # the chunks of one update of a solo batch, so that a learner gated off computes them as the GSPO baseline does
 _OWN_ROW_PASSES = ("old_logps", "ref_logps")
+
+
+class _ResumeGradScaler(TrainerCallback):
+    """Resumes the GradScaler that `HACPOTrainer._update_without_gradients` paused, once that update's optimizer
+    step is behind."""
+
+    def __init__(self, trainer: HACPOTrainer):
+        self.trainer = trainer
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        scaler = self.trainer.__dict__.pop("_paused_scaler", None)
+        if scaler is not None:
+            scaler._enabled = True
 
 
 class HACPOTrainer(GRPOTrainer):
@@ -158,6 +172,7 @@ class HACPOTrainer(GRPOTrainer):
         self._rescue_batch = False  # whether its peer rows are rescued ones only (`capability_gate_rescue`)
         self._updates_since_log = {"made": 0, "skipped": 0}  # optimizer updates since the last training log
         self.add_callback(metrics.OptimizerTimer(self))
+        self.add_callback(_ResumeGradScaler(self))
         vllm_weights = self.use_vllm and self.vllm_importance_sampling_correction
         self._self_on_policy = self_on_policy(args.gradient_accumulation_steps, self._generate_every, vllm_weights)
 
@@ -295,6 +310,7 @@ class HACPOTrainer(GRPOTrainer):
             if self._step % self.current_gradient_accumulation_steps == 0:  # the skipped update's last micro-batch
                 self._updates_since_log["skipped"] += 1
                 self._advance_engine_scheduler()
+                self._update_without_gradients()
             return torch.zeros((), device=self.args.device)
         self._prepare_seconds = 0.0
         start = time.perf_counter()
@@ -303,6 +319,7 @@ class HACPOTrainer(GRPOTrainer):
             self._updates_since_log["made"] += 1
             if self.args.skip_empty_updates and not self.__dict__.pop("_update_has_rows", True):
                 model.zero_grad(set_to_none=True)  # no row of it had a gradient, on any rank: no optimizer step
+                self._update_without_gradients()
         end_startup()  # downloads, vLLM start-up and the first generation are behind every agent now
         self._metrics["train"]["hacpo/time/loss_and_backward"].append(
             time.perf_counter() - start - self._prepare_seconds
@@ -319,6 +336,27 @@ class HACPOTrainer(GRPOTrainer):
 
         if isinstance(self.lr_scheduler, DeepSpeedSchedulerWrapper):
             self.lr_scheduler.scheduler.step()
+
+    def _update_without_gradients(self) -> None:
+        """The update being finished leaves every parameter without a gradient (a skipped update, or an empty one with
+        `skip_empty_updates`), and the Trainer's optimizer step must then change nothing and count as a step.
+
+        - fp16 mixed precision without DeepSpeed: torch's GradScaler finds no gradient to check for infs and fails
+          the step ("No inf checks were recorded for this optimizer"). It is paused for this step (the step is then
+          plain: AdamW leaves parameters without a gradient alone) and resumed right after it by
+          `_ResumeGradScaler`, before anything logs or saves its state; its scale is unchanged.
+        - fp16 under DeepSpeed: the engine's overflow flag still holds the last real step's, so an overflow there
+          would read as a skipped step here and the Trainer would not step its schedule: cleared (the engine sets
+          it anew at every real step)."""
+        from accelerate.utils.deepspeed import DeepSpeedOptimizerWrapper
+
+        scaler = self.accelerator.scaler
+        if scaler is not None and scaler.is_enabled():
+            scaler._enabled = False  # torch has no public switch; `_ResumeGradScaler` sets it back
+            self._paused_scaler = scaler
+        engine_optimizer = getattr(self.optimizer, "optimizer", None)
+        if isinstance(self.optimizer, DeepSpeedOptimizerWrapper) and getattr(engine_optimizer, "overflow", False):
+            engine_optimizer.overflow = False
 
     def _skips_update(self) -> bool:
         """Whether this micro-batch is one a solo generation batch leaves out (``None`` in TRL's buffer, see

@@ -67,6 +67,12 @@ parser.add_argument(
     "is a no-op and the real schedule steps inside the backward call of an update's last micro-batch",
 )
 parser.add_argument("--record_layout", action="store_true", help="own / peer / padding rows of each micro-batch")
+parser.add_argument(
+    "--grad_scaler",
+    action="store_true",
+    help="torch's GradScaler in the optimizer steps, as fp16 mixed precision on an accelerator uses it (accelerate "
+    "refuses fp16 on the CPU, so the test sets the scaler it would have made)",
+)
 parser.add_argument("--eval_steps", type=int, default=0, help="TRL's own evaluation every N optimizer steps")
 parser.add_argument("--zero_reward", type=int, default=-1, help="agent i solves nothing: every reward 0 (P̂ = 0)")
 parser.add_argument("--task", default="digits", help="digits (4x4 sums, any digit scores) or arithmetic (built-in)")
@@ -327,6 +333,8 @@ before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 resume = True if opts.resume else None
 for step in my_steps(*opts.resume_step):
     resume = os.path.join(args.output_dir, f"checkpoint-{step}")
+if opts.grad_scaler:  # before train(): accelerate hands it to the optimizer it prepares there
+    trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
 trainer.train(resume_from_checkpoint=resume)
 # under FSDP each rank holds a shard (a DTensor); compare whole parameters (`full_tensor` is a collective)
 after = {n: p.full_tensor() if hasattr(p, "full_tensor") else p for n, p in trainer.model.named_parameters()}
@@ -361,6 +369,9 @@ summary = {
     "forwards": forwards,
     "layouts": layouts,
     "engine_schedule_steps": engine_schedule[0].last_epoch if engine_schedule else None,
+    "grad_scaler": None if trainer.accelerator.scaler is None else {
+        "enabled": trainer.accelerator.scaler.is_enabled(), "scale": trainer.accelerator.scaler.get_scale()
+    },
     "base": base,
 }
 with open(os.path.join(opts.out, f"summary-{trainer.topology.global_rank}.json"), "w") as f:
