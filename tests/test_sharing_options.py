@@ -915,3 +915,29 @@ def test_updates_without_gradients_step_through_a_grad_scaler(tmp_path, launch):
         for b in (0, 1):  # updates 3 and 4 of each batch take no step
             assert trace[4 * b + 1] == trace[4 * b + 2] == trace[4 * b + 3], (s["agent"], trace)
         assert trace[4] != trace[3], (s["agent"], trace)  # the next batch's first update trains
+
+
+def test_an_update_without_gradients_clears_deepspeeds_stale_overflow_flag():
+    """Under DeepSpeed fp16 the Trainer reads `optimizer_step_was_skipped` from the engine optimizer's `overflow`,
+    which only a real step sets: after an overflowed update, a skipped one would read as skipped too and the
+    Trainer's schedule would not step. `_update_without_gradients` clears it (DeepSpeed's optimizer wrapper, emulated
+    around a plain object); any other optimizer, and a flag already clear, are left alone."""
+    from types import SimpleNamespace
+
+    from accelerate.utils.deepspeed import DeepSpeedOptimizerWrapper
+
+    from hacpo_trl.trainer import HACPOTrainer
+
+    engine_optimizer = SimpleNamespace(overflow=True)
+    wrapper = object.__new__(DeepSpeedOptimizerWrapper)  # its __init__ needs an initialized Accelerator
+    wrapper.optimizer, wrapper.__has_overflow__ = engine_optimizer, True  # as __init__ sets them
+    trainer = object.__new__(HACPOTrainer)
+    trainer.accelerator = SimpleNamespace(scaler=None)
+    trainer.optimizer = wrapper
+    assert trainer.optimizer.step_was_skipped  # what the Trainer would read at the skipped update
+    trainer._update_without_gradients()
+    assert engine_optimizer.overflow is False and not trainer.optimizer.step_was_skipped
+    other = SimpleNamespace(optimizer=SimpleNamespace(overflow=True))  # not DeepSpeed's: untouched
+    trainer.optimizer = other
+    trainer._update_without_gradients()
+    assert other.optimizer.overflow is True
