@@ -342,6 +342,7 @@ trainable = [n for n, p in after.items() if p.requires_grad]
 frozen = [n for n, p in after.items() if not p.requires_grad]
 trainer.save_model()
 
+scaler = trainer.accelerator.scaler
 summary = {
     "agent": args.agent_name,
     "agent_world": trainer.accelerator.num_processes,
@@ -369,9 +370,7 @@ summary = {
     "forwards": forwards,
     "layouts": layouts,
     "engine_schedule_steps": engine_schedule[0].last_epoch if engine_schedule else None,
-    "grad_scaler": None if trainer.accelerator.scaler is None else {
-        "enabled": trainer.accelerator.scaler.is_enabled(), "scale": trainer.accelerator.scaler.get_scale()
-    },
+    "grad_scaler": scaler and {"enabled": scaler.is_enabled(), "scale": scaler.get_scale()},
     "base": base,
 }
 with open(os.path.join(opts.out, f"summary-{trainer.topology.global_rank}.json"), "w") as f:
