@@ -132,6 +132,11 @@ def test_update_index_and_self_on_policy():
     # 2 mini-batches per generation x 2 iterations = 4 updates of 2 accumulation micro-steps each
     assert [current_update(step, 8, 2) for step in range(10)] == [0, 0, 1, 1, 2, 2, 3, 3, 0, 0]
     assert current_update(5, 4, 0) == 1  # no accumulation yet counts as 1
+    # a solo batch (2 of 4 micro-batches made, 2 iterations): micro-steps 0, 1, 4, 5 are updates 0, 1, 2, 3, not 4, 5
+    assert [current_update(step, 8, 1, 4, 2) for step in (0, 1, 4, 5, 8)] == [0, 1, 2, 3, 0]
+    assert [current_update(step, 8, 2, 4, 2) for step in (0, 1, 4, 5)] == [0, 0, 1, 1]  # 2 micro-steps per update
+    with pytest.raises(ValueError, match="micro-step 6 is a skipped one"):
+        current_update(6, 8, 1, 4, 2)
     assert self_on_policy(4, 4, vllm_weights=False) and self_on_policy(8, 4, vllm_weights=False)
     assert not self_on_policy(2, 4, vllm_weights=False)  # a generation batch serves two updates
     assert not self_on_policy(4, 4, vllm_weights=True)  # vLLM importance weights need the stored log-probs

@@ -621,12 +621,15 @@ def test_gate_and_fade_through_the_trainer_and_others_receive_the_same(learns_fr
 
 
 @pytest.mark.timeout(900)
-def test_gate_warmup_closes_every_peer_for_the_first_batches_through_the_trainer(tmp_path, launch):
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_gate_warmup_closes_every_peer_for_the_first_batches_through_the_trainer(tmp_path, launch, accumulation):
     """llama0 with a gate of 1e-9 (open whenever qwen1 has any capability) and a warm-up of 2 generation batches:
-    closed at batches 1 and 2 although the gate alone would open them, then as the gate says, with peer rows."""
+    closed at batches 1 and 2 although the gate alone would open them, then as the gate says, with peer rows. With
+    2 micro-batches per update (each generation batch is then 1 update, not 2) the warm-up still counts generation
+    batches (it counted optimizer steps ÷ micro-batches per batch, so stayed closed twice as long)."""
     from conftest import summaries
 
-    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8",
+    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--gradient_accumulation_steps", str(accumulation),
            "--override", "0:capability_gate=1e-9", "--override", "0:capability_gate_warmup=2")  # fmt: skip
     llama, _ = summaries(tmp_path)
     caps = zip(_metric(llama, "hacpo/capability/llama0"), _metric(llama, "hacpo/capability/qwen1"), strict=True)
@@ -883,6 +886,25 @@ def test_a_solo_learner_computes_reference_log_probs_in_the_gspo_baselines_chunk
         ref = [f[1] for f in summary["forwards"] if f[0] == "ref_logps"]
         assert ref == [rows] * (2 * 8 // rows), summary["agent"]  # 2 generation batches of 8 own rows
         assert [f[1] for f in summary["forwards"] if f[0] == "old_logps"] == ref
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_a_solo_batch_keeps_old_log_probs_exactly_when_the_gspo_baseline_computes_them(tmp_path, launch, accumulation):
+    """TRL computes old log-probs unless a generation batch makes exactly one update (no vLLM weights). The sharing
+    schedule here (4 micro-batches) makes 4 or 2 updates, so TRL computes them; a solo batch of llama0 (learns from
+    no one, `solo_steps_per_generation: 2`) makes 2 updates of 1 micro-batch, where GSPO with that schedule computes
+    them too, or with 2 micro-batches per update 1 update, where GSPO computes none and its ratio is exactly 1: then
+    its micro-batches hold none either."""
+    from conftest import summaries
+
+    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", str(8 // accumulation),
+           "--steps_per_generation", "4", "--gradient_accumulation_steps", str(accumulation), "--record_layout",
+           "--override", '0:learn_from="none"', "--override", "0:solo_steps_per_generation=2")  # fmt: skip
+    llama, _ = summaries(tmp_path)
+    assert _metric(llama, "hacpo/learns_from/qwen1") == [0.0, 0.0]
+    kept = int(accumulation == 1)
+    assert llama["layouts"] == [[[4, 0, 0, kept], [4, 0, 0, kept], None, None]] * 2
 
 
 @pytest.mark.timeout(900)

@@ -36,9 +36,27 @@ __all__ = [
 Clipped = tuple[torch.Tensor, float, torch.Tensor, float]
 
 
-def current_update(step: int, generate_every: int, gradient_accumulation_steps: int) -> int:
-    """m: the optimizer updates already made on the current generation batch, at micro-step ``step`` (Eq. 14)."""
-    return (step % generate_every) // max(gradient_accumulation_steps, 1)
+def current_update(
+    step: int,
+    generate_every: int,
+    gradient_accumulation_steps: int,
+    steps_per_iteration: int | None = None,
+    made_per_iteration: int | None = None,
+) -> int:
+    """m: the optimizer updates already made on the current generation batch, at micro-step ``step`` (Eq. 14). A
+    batch on the solo schedule makes only the first ``made_per_iteration`` of each iteration's
+    ``steps_per_iteration`` micro-batches (the others are skipped: no update), so with `num_iterations` > 1 only
+    those count."""
+    ga = max(gradient_accumulation_steps, 1)
+    within = step % generate_every
+    if made_per_iteration is None or steps_per_iteration is None:
+        return within // ga
+    iteration, micro = divmod(within, steps_per_iteration)
+    if micro >= made_per_iteration:
+        raise ValueError(
+            f"micro-step {step} is a skipped one ({micro} >= {made_per_iteration} of {steps_per_iteration})"
+        )
+    return (iteration * made_per_iteration + micro) // ga
 
 
 def self_on_policy(gradient_accumulation_steps: int, generate_every: int, vllm_weights: bool) -> bool:

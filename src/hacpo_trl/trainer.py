@@ -178,7 +178,8 @@ class HACPOTrainer(GRPOTrainer):
 
     @property
     def _generate_every(self) -> int:
-        """Optimizer updates per generation batch."""
+        """Micro-batches per generation batch (TRL's `steps_per_generation` × `num_iterations`), what TRL's `_step`
+        counts; the optimizer updates are that ÷ `gradient_accumulation_steps`."""
         return self.args.steps_per_generation * self.num_iterations
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -442,6 +443,13 @@ class HACPOTrainer(GRPOTrainer):
             self._log(mode, metrics.gate_evidence_metrics(self.agent, caps, rows_behind, self.args.capability_gate))
         if not involved:  # learns from no one at this batch: GSPO's own batch (its records were still shared)
             self._log(mode, metrics.peer_row_metrics([0, 0, 0, 0]))
+            vllm_weights = self.use_vllm and self.vllm_importance_sampling_correction
+            solo_every = self._solo_steps() * self.num_iterations
+            if mode == "train" and self_on_policy(self.args.gradient_accumulation_steps, solo_every, vllm_weights):
+                # GSPO with the solo schedule makes one update of the batch and computes no old log-probs (its ratio
+                # is 1 exactly); TRL computed them for the sharing schedule, and a forward of another shape can
+                # differ in the last bits on a GPU
+                batch.pop("old_per_token_logps", None)
             return self._own_rows_only(batch)
         # a batch whose peer rows are rescued ones only is cut into the micro-batches of a batch learned from no one
         steps = self._solo_steps() if not peers else self.args.steps_per_generation
@@ -459,7 +467,8 @@ class HACPOTrainer(GRPOTrainer):
         """The peers this learner learns from at this batch by `learn_from` and `capability_gate` (none once
         `peer_fade_steps` has faded them out); `band_gate` may close more. Logged as ``hacpo/learns_from/<peer>``."""
         args, tracker = self.args, self.capability
-        seen = self.state.global_step // self._generate_every  # generation batches before this one
+        # generation batches before this one (global_step counts optimizer updates, `_generate_every` micro-batches)
+        seen = self.state.global_step * self.args.gradient_accumulation_steps // self._generate_every
         peers = open_peers(
             self.agent, self.agent_names, tracker.capabilities(), args.learn_from_agents(), args.capability_gate,
             args.capability_gate_warmup, seen, args.capability_gate_confidence, tracker.rows(),
@@ -606,6 +615,14 @@ class HACPOTrainer(GRPOTrainer):
                 )
             return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
+    def _update_index(self) -> int:
+        """m of Eq. 14 at this micro-step: the updates already made on this generation batch (a batch of rescued
+        rows only, on the solo schedule, does not count its skipped micro-batches)."""
+        ga = self.current_gradient_accumulation_steps
+        if not self._rescue_batch:
+            return current_update(self._step, self._generate_every, ga)
+        return current_update(self._step, self._generate_every, ga, self.args.steps_per_generation, self._solo_steps())
+
     def _solo_steps(self) -> int:
         """Micro-batches of a generation batch of own rows only: `solo_steps_per_generation` when this learner
         shares rollouts but learns from no one at this batch (TRL's baselines and single agents: all of them)."""
@@ -681,8 +698,7 @@ class HACPOTrainer(GRPOTrainer):
             # an independent baseline, or a learner with no peer row at this batch: TRL's own objective, untouched,
             # so that it trains bit for bit as GSPO (hacpo_loss equals it only up to float rounding)
             return super()._compute_loss(model, inputs)
-        ga_steps = self.current_gradient_accumulation_steps
-        update_index = current_update(self._step, self._generate_every, ga_steps) if mode == "train" else 0
+        update_index = self._update_index() if mode == "train" else 0
         is_peer, valid = inputs["hacpo_is_peer"], inputs["hacpo_valid"]
         clipped = self._clipped_peer_rows(model, inputs, update_index) if mode == "train" else None
         keep = gradient_rows(is_peer, clipped)

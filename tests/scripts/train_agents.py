@@ -35,6 +35,7 @@ parser.add_argument("--resume", action="store_true")
 parser.add_argument("--resume_step", action="append", default=[], help="i:step, agent i resumes from checkpoint-<step>")
 parser.add_argument("--generation_batch", type=int, default=8)
 parser.add_argument("--steps_per_generation", type=int, default=2)
+parser.add_argument("--gradient_accumulation_steps", type=int, default=1)
 parser.add_argument("--delta", type=float, default=0.2)
 parser.add_argument("--trace_params", action="store_true", help="record the weights' sum after every step")
 parser.add_argument("--delta_step", type=float, default=0.025, help="peer_delta_step (0: the band stays fixed)")
@@ -66,7 +67,11 @@ parser.add_argument(
     help="the learning-rate schedule owned by the engine, as DeepSpeed's with a scheduler block: the Trainer's step "
     "is a no-op and the real schedule steps inside the backward call of an update's last micro-batch",
 )
-parser.add_argument("--record_layout", action="store_true", help="own / peer / padding rows of each micro-batch")
+parser.add_argument(
+    "--record_layout",
+    action="store_true",
+    help="own / peer / padding rows of each micro-batch, and whether it holds TRL's old log-probs (1 or 0)",
+)
 parser.add_argument(
     "--grad_scaler",
     action="store_true",
@@ -121,6 +126,7 @@ args = HACPOConfig(
     bf16=False,
     num_generations=2,
     steps_per_generation=opts.steps_per_generation,
+    gradient_accumulation_steps=opts.gradient_accumulation_steps,
     max_completion_length=opts.max_completion_length,
     max_steps=opts.steps,
     logging_steps=1,
@@ -235,7 +241,7 @@ if opts.record_layout:
                     [int((~mb["hacpo_is_peer"]).sum()), int((mb["hacpo_is_peer"] & mb["hacpo_valid"]).sum()),
                      int((mb["hacpo_is_peer"] & ~mb["hacpo_valid"]).sum())]
                     if "hacpo_is_peer" in mb else [int(mb["completion_ids"].shape[0]), 0, 0]
-                )
+                ) + [int("old_per_token_logps" in mb)]
                 for mb in trainer._buffered_inputs
             ])  # fmt: skip
         return out
