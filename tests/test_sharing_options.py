@@ -963,3 +963,25 @@ def test_an_update_without_gradients_clears_deepspeeds_stale_overflow_flag():
     trainer.optimizer = other
     trainer._update_without_gradients()
     assert other.optimizer.overflow is True
+
+
+def test_a_rescue_batch_counts_only_the_updates_it_makes_in_the_stepwise_bound():
+    """m of Eq. 14 in the trainer: 4 micro-batches per iteration, 2 iterations, 1 micro-batch per update. A batch
+    with peer rows makes every update (m = micro-step); a rescue batch on the solo schedule (2 of 4) makes micro-steps
+    0, 1, 4, 5, which are its updates 0, 1, 2, 3."""
+    from types import SimpleNamespace
+
+    from hacpo_trl.trainer import HACPOTrainer
+
+    trainer = object.__new__(HACPOTrainer)
+    trainer.args = SimpleNamespace(steps_per_generation=4, solo_steps_per_generation=2, share_rollouts=True)
+    trainer.agent_names, trainer.num_iterations = ["a", "b"], 2
+    trainer.model = SimpleNamespace(training=True)
+    trainer.current_gradient_accumulation_steps = 1
+    for rescue, expected in ((False, [0, 1, 4, 5]), (True, [0, 1, 2, 3])):
+        trainer._rescue_batch = rescue
+        got = []
+        for step in (0, 1, 4, 5):
+            trainer._step = step
+            got.append(trainer._update_index())
+        assert got == expected
