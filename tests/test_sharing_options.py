@@ -870,6 +870,25 @@ def test_skipped_updates_through_an_evaluation_and_an_engine_owned_schedule(tmp_
 
 
 @pytest.mark.timeout(900)
+def test_a_log_that_ends_on_a_skipped_update_has_no_grad_norm(tmp_path, launch):
+    """transformers logs the gradient norm of a log window's last update. llama0, gated off, skips updates 3 and 4
+    of each generation batch; logged every 3 updates, the first window (updates 1–3) ends on a skipped update, whose
+    norm would read 0 (DeepSpeed: the previous update's), so it has none; the second (4–6) ends on a real one."""
+    from conftest import summaries
+
+    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--steps_per_generation", "4",
+           "--zero_reward", "1", "--correct_on_rank0", "--logging_steps", "3",
+           *[f"--override={i}:{k}={v}" for i in (0, 1) for k, v in [("capability_gate", "1.0"),
+             ("capability_gate_confidence", "0.95"), ("solo_steps_per_generation", "2")]])  # fmt: skip
+    llama, _ = summaries(tmp_path)
+    assert _metric(llama, "hacpo/learns_from/qwen1") == [0.0, 0.0]
+    windows = [e for e in llama["log_history"] if "loss" in e]
+    assert [e["step"] for e in windows] == [3, 6]
+    assert [e["hacpo/skipped_updates"] for e in windows] == [1.0, 1.0]
+    assert ["grad_norm" in e for e in windows] == [False, True]
+
+
+@pytest.mark.timeout(900)
 def test_a_solo_learner_computes_reference_log_probs_in_the_gspo_baselines_chunks(tmp_path, launch):
     """With `beta` > 0 TRL's reference pass chunks a generation batch by `per_device_train_batch_size`: 2 rows in
     the sharing schedule (4 updates of 8 own rows), 4 in the GSPO baseline's (2 updates). A learner with

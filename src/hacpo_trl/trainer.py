@@ -170,7 +170,8 @@ class HACPOTrainer(GRPOTrainer):
         self._padding_sums: dict[str, dict[str, list[float]]] = {"train": {}, "eval": {}}
         self._solo_batch = False  # whether the buffered generation batch holds own rows only (`_prepare_inputs`)
         self._rescue_batch = False  # whether its peer rows are rescued ones only (`capability_gate_rescue`)
-        self._updates_since_log = {"made": 0, "skipped": 0}  # optimizer updates since the last training log
+        # optimizer updates since the last training log, and whether the last one was skipped
+        self._updates_since_log = {"made": 0, "skipped": 0, "last_skipped": False}
         self.add_callback(metrics.OptimizerTimer(self))
         self.add_callback(_ResumeGradScaler(self))
         vllm_weights = self.use_vllm and self.vllm_importance_sampling_correction
@@ -296,10 +297,10 @@ class HACPOTrainer(GRPOTrainer):
             self._metrics[mode][key] = [value]
         self._padding_sums[mode] = {}
         if mode == "train" and "loss" in logs and self._solo_steps() != self.args.steps_per_generation:
-            counts, self._updates_since_log = self._updates_since_log, {"made": 0, "skipped": 0}
+            counts, self._updates_since_log = self._updates_since_log, {"made": 0, "skipped": 0, "last_skipped": False}
             logs["hacpo/skipped_updates"] = float(counts["skipped"])  # their loss is logged as 0
-            if counts["skipped"] and not counts["made"]:
-                logs.pop("grad_norm", None)  # none was computed (DeepSpeed would repeat the last update's)
+            if counts["last_skipped"]:  # transformers logs the last update's norm, and a skipped one has none: 0
+                logs.pop("grad_norm", None)  # with no gradient (DeepSpeed would repeat the last real update's)
         super().log(logs, start_time)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -310,6 +311,7 @@ class HACPOTrainer(GRPOTrainer):
             self._step += 1  # TRL's micro-batch counter, as its own training_step would advance it
             if self._step % self.current_gradient_accumulation_steps == 0:  # the skipped update's last micro-batch
                 self._updates_since_log["skipped"] += 1
+                self._updates_since_log["last_skipped"] = True
                 self._advance_engine_scheduler()
                 self._update_without_gradients()
             return torch.zeros((), device=self.args.device)
@@ -318,6 +320,7 @@ class HACPOTrainer(GRPOTrainer):
         loss = super().training_step(model, inputs, num_items_in_batch)
         if self._step % self.current_gradient_accumulation_steps == 0:  # the update's last micro-batch
             self._updates_since_log["made"] += 1
+            self._updates_since_log["last_skipped"] = False
             if self.args.skip_empty_updates and not self.__dict__.pop("_update_has_rows", True):
                 model.zero_grad(set_to_none=True)  # no row of it had a gradient, on any rank: no optimizer step
                 self._update_without_gradients()

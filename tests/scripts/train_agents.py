@@ -36,6 +36,7 @@ parser.add_argument("--resume_step", action="append", default=[], help="i:step, 
 parser.add_argument("--generation_batch", type=int, default=8)
 parser.add_argument("--steps_per_generation", type=int, default=2)
 parser.add_argument("--gradient_accumulation_steps", type=int, default=1)
+parser.add_argument("--logging_steps", type=int, default=1)
 parser.add_argument("--delta", type=float, default=0.2)
 parser.add_argument("--trace_params", action="store_true", help="record the weights' sum after every step")
 parser.add_argument("--delta_step", type=float, default=0.025, help="peer_delta_step (0: the band stays fixed)")
@@ -129,7 +130,7 @@ args = HACPOConfig(
     gradient_accumulation_steps=opts.gradient_accumulation_steps,
     max_completion_length=opts.max_completion_length,
     max_steps=opts.steps,
-    logging_steps=1,
+    logging_steps=opts.logging_steps,
     report_to=opts.report_to.split(","),
     push_to_hub=opts.push,
     gradient_checkpointing=False,
