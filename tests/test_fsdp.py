@@ -40,16 +40,23 @@ def test_fsdp_per_agent_with_uneven_peer_rows(tmp_path, launch):
 @pytest.mark.parametrize("sharded", [True, False])
 def test_held_out_evaluation_runs_on_every_rank_when_forwards_are_collective(monkeypatch, sharded):
     """hacpo-train's evaluation generated on the agent's rank 0 alone: under FSDP / ZeRO-3 that forward waits for the
-    other ranks' shards forever. (Stubbed: the launch above shows what a one-rank forward does to an FSDP world.)"""
+    other ranks' shards forever. (Stubbed: the launch above shows what a one-rank forward does to an FSDP world.)
+    When every rank generates, each sizes its ``generate`` calls by the least free memory of the agent's ranks (10
+    and 6 GiB here: 6 on both), or the rank with more would make fewer calls and leave the other in a collective."""
     from types import SimpleNamespace
+
+    import torch
 
     import hacpo_trl.evaluate
     from hacpo_trl.train import _evaluate
 
-    calls = []
+    calls, free, rank_now = [], {0: 10 * 2**30, 1: 6 * 2**30}, []
     monkeypatch.setattr(
-        hacpo_trl.evaluate, "evaluate_model", lambda *a, **k: calls.append(1) or SimpleNamespace(avg_at_k=0.5)
+        hacpo_trl.evaluate,
+        "evaluate_model",
+        lambda *a, **k: calls.append(k["memory_bytes"]) or SimpleNamespace(avg_at_k=0.5),
     )
+    monkeypatch.setattr(hacpo_trl.evaluate, "_free_bytes", lambda device: free[rank_now[-1]])  # as on a GPU
     monkeypatch.setattr("hacpo_trl.rewards.get_reward_funcs", lambda names: [None])
 
     class Rows(list):  # the held-out split: a datasets.Dataset in the CLI
@@ -58,12 +65,15 @@ def test_held_out_evaluation_runs_on_every_rank_when_forwards_are_collective(mon
 
     script_args = SimpleNamespace(eval_samples=2, reward_funcs=["accuracy"], task="arithmetic")
     for rank in (0, 1):
+        rank_now.append(rank)
+        gather = lambda t: torch.tensor([free[0], free[1]])  # noqa: E731  accelerate's gather: every rank's value
         trainer = SimpleNamespace(
             is_fsdp_enabled=sharded,
-            accelerator=SimpleNamespace(process_index=rank, unwrap_model=lambda m: m),
+            accelerator=SimpleNamespace(process_index=rank, unwrap_model=lambda m: m, device="cpu", gather=gather),
             model=None, processing_class=None, args=SimpleNamespace(max_completion_length=8, chat_template_kwargs=None),
         )  # fmt: skip
         assert _evaluate(trainer, Rows([1, 2, 3, 4]), script_args) == (0.5 if rank == 0 else None)
+    assert calls == ([6 * 2**30] * 2 if sharded else [None])  # rank 0 alone sizes its calls by its own memory
     assert len(calls) == (2 if sharded else 1)
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "eval_length",
     "eval_placement",
     "evaluate_model",
+    "least_free_bytes",
     "evaluate_with_vllm",
     "kv_cache_bytes",
     "load_for_eval",
@@ -114,6 +115,16 @@ def _free_bytes(device: torch.device) -> int | None:
     if device.type != "cuda":
         return None
     return int(torch.cuda.mem_get_info(device)[0])
+
+
+def least_free_bytes(accelerator) -> int | None:
+    """The least free device memory over the ranks of ``accelerator``'s world (one agent's; None off CUDA). Ranks
+    that generate together (FSDP / ZeRO-3, where every forward is a collective) must size their ``generate`` calls
+    alike: a rank with more free memory would make fewer calls and leave the others waiting in a collective."""
+    free = _free_bytes(accelerator.device)
+    if free is None:
+        return None
+    return int(accelerator.gather(torch.tensor([free], device=accelerator.device)).min())
 
 
 @torch.no_grad()

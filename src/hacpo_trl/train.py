@@ -49,13 +49,14 @@ def _dataset(script_args: HACPOScriptArguments):
 
 def _evaluate(trainer, test, script_args) -> float | None:
     """Held-out accuracy, reported by the agent's rank 0. Under FSDP or ZeRO-3 every forward is a collective over the
-    agent's ranks, so all of them generate (the same prompts) or rank 0 would wait forever for the other shards."""
+    agent's ranks, so all of them generate (the same prompts, in calls sized alike by the least free memory among
+    them) or rank 0 would wait forever for the other shards."""
     if test is None or script_args.eval_samples <= 0:
         return None
     collective = getattr(trainer, "is_fsdp_enabled", False) or getattr(getattr(trainer, "_dist", None), "is_zero3", 0)
     if trainer.accelerator.process_index != 0 and not collective:
         return None
-    from .evaluate import eval_length, evaluate_model
+    from .evaluate import eval_length, evaluate_model, least_free_bytes
     from .rewards import get_reward_funcs
 
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -66,6 +67,7 @@ def _evaluate(trainer, test, script_args) -> float | None:
         get_reward_funcs(script_args.reward_funcs)[0],
         max_new_tokens=eval_length(script_args.task, trainer.args.max_completion_length),
         chat_template_kwargs=trainer.args.chat_template_kwargs,
+        memory_bytes=least_free_bytes(trainer.accelerator) if collective else None,  # the same calls on every rank
     )
     return result.avg_at_k if trainer.accelerator.process_index == 0 else None
 
