@@ -43,6 +43,34 @@ def test_save_steps_must_fall_between_generation_batches(tmp_path, steps_per_gen
     HACPOConfig(**{**kwargs, "save_strategy": "no"})  # nothing saved, nothing to check
 
 
+@pytest.mark.parametrize("max_steps, ok", [(10, False), (8, True), (-1, True)])
+def test_max_steps_must_fall_between_generation_batches_when_checkpointing(tmp_path, max_steps, ok):
+    """With `save_strategy: steps` the Trainer also saves at `max_steps`: 10 updates with 4 per generation batch
+    would end (and checkpoint) in the middle of the third. Without checkpoints, or run by epochs, nothing to check."""
+    kwargs = dict(
+        output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=4, steps_per_generation=4,
+        save_strategy="steps", save_steps=4, max_steps=max_steps, **COMMON,
+    )  # fmt: skip
+    if ok:
+        HACPOConfig(**kwargs)
+    else:
+        with pytest.raises(ValueError, match=r"`max_steps` = 10 would checkpoint in the middle of a generation batch"):
+            HACPOConfig(**kwargs)
+    HACPOConfig(**{**kwargs, "save_strategy": "no"})
+
+
+def test_agents_may_not_each_decide_when_to_checkpoint(tmp_path):
+    """`save_strategy: best` saves when an agent's own metric improves, so agents would checkpoint at different
+    steps; a single agent may."""
+    kwargs = dict(
+        output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=4, save_strategy="best",
+        eval_strategy="steps", metric_for_best_model="loss", **COMMON,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"`save_strategy: best` lets each agent decide alone"):
+        HACPOConfig(agents=TWO, **kwargs)
+    HACPOConfig(**kwargs)
+
+
 # ----------------------------------------------------------------------------------------------- server mode
 
 TWO = [{"name": "a", "model_name_or_path": "x"}, {"name": "b", "model_name_or_path": "y"}]

@@ -498,6 +498,11 @@ class HACPOConfig(GRPOConfig):
                     f"`push_to_hub` needs a `hub_model_id` for every agent (each is pushed to its own repository); "
                     f"missing for {missing}"
                 )
+        if self._specs and len(self._specs) > 1 and getattr(self.save_strategy, "value", self.save_strategy) == "best":
+            raise ValueError(
+                "`save_strategy: best` lets each agent decide alone when to checkpoint (on its own metric), but the "
+                "agents of a run checkpoint together, at steps every agent saved; use `save_strategy: steps`"
+            )
         names = [s.name for s in self._specs] if self._specs else ["policy"]
         parse_learn_from(self.learn_from, names)
         for spec in self._specs or []:  # every agent's choice, so that every process stops with the same error
@@ -648,18 +653,23 @@ class HACPOConfig(GRPOConfig):
 
     def _check_save_steps(self) -> None:
         """Checkpoints only between generation batches: TRL does not save its position inside a generation batch,
-        so a mid-batch checkpoint resumes out of phase (the half-trained batch is regenerated and trained again)."""
+        so a mid-batch checkpoint resumes out of phase (the half-trained batch is regenerated and trained again).
+        With `save_strategy: steps` the Trainer also saves at `max_steps`. And agents checkpoint together: a step
+        every agent saved is what a run resumes from, so no agent may decide alone (`save_strategy: best`, refused
+        in `__post_init__` before the launch is checked)."""
         if self.save_strategy != "steps" or self.save_steps < 1:
             return
         per_generation = self.steps_per_generation * self.num_iterations  # micro-batches between generations
-        if (int(self.save_steps) * self.gradient_accumulation_steps) % per_generation:
-            updates = per_generation / self.gradient_accumulation_steps
-            raise ValueError(
-                f"`save_steps` = {self.save_steps} would checkpoint in the middle of a generation batch: a generation "
-                f"batch lasts {updates:g} optimizer updates (steps_per_generation x num_iterations / "
-                "gradient_accumulation_steps), and a run resumed from such a checkpoint trains out of phase. Use a "
-                "multiple of it"
-            )
+        updates = per_generation / self.gradient_accumulation_steps
+        for name, value in (("save_steps", self.save_steps), ("max_steps", self.max_steps)):
+            if value > 0 and (int(value) * self.gradient_accumulation_steps) % per_generation:
+                where = "" if name == "save_steps" else " (the Trainer saves at the last step too)"
+                raise ValueError(
+                    f"`{name}` = {value} would checkpoint in the middle of a generation batch{where}: a generation "
+                    f"batch lasts {updates:g} optimizer updates (steps_per_generation x num_iterations / "
+                    "gradient_accumulation_steps), and a run resumed from such a checkpoint trains out of phase. Use "
+                    "a multiple of it"
+                )
 
     def _reject_settings_hacpo_ignores(self) -> None:
         """With sharing, HACPO's loss and advantages replace TRL's: TRL settings that only act there would be
