@@ -111,3 +111,6 @@ def test_recommended_preset_under_fsdp_with_a_gated_off_agent_and_uneven_peer_ro
         # the band gate scores in forwards of per_device_train_batch_size (1) rows, as many on rank 1 (no peer row:
         # one row scored and dropped) as rank 0 needs for its 4: one forward of all of them would be 4 rows on rank 0
         assert [f for f in s["forwards"] if f[0] == "band_gate"] == [["band_gate", 1]] * 8
+    for ranks in (strong, weak):  # under FSDP / ZeRO-3 a forward is a collective: both ranks run each pass alike
+        passes = [[f[0] for f in s["forwards"]] for s in ranks]
+        assert passes[0] == passes[1] and {"old_logps", "train"} <= set(passes[0]), passes
