@@ -37,6 +37,7 @@ def _trainer(model, trim: bool) -> HACPOTrainer:
     trainer.model = model
     trainer._forward_pass, trainer._generation_forwards = "other", 0
     trainer._padding_sums = {"train": {}, "eval": {}}
+    trainer._trim_sides = padding.trim_sides(model.config)
     trainer._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
     return trainer
 
@@ -62,9 +63,40 @@ def _run(trainer, model, ids, mask, keep, batch_size):
     return logps.detach(), entropy.detach(), loss.detach(), grads
 
 
+def _gpt2():
+    """Learned absolute positions: a shift of the left padding changes what it computes."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = char_tokenizer()
+    torch.manual_seed(1)
+    config = GPT2Config(
+        vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, bos_token_id=tok.pad_token_id, eos_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    return GPT2LMHeadModel(config), tok
+
+
+def _phi3_longrope():
+    """Rotary frequencies chosen by the forward's length: long ones above 8 positions (the batch is 10 wide)."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    tok, half_head = char_tokenizer(), 8
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * half_head,
+            "long_factor": [4.0] * half_head, "original_max_position_embeddings": 8}  # fmt: skip
+    config = Phi3Config(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=8, rope_parameters=rope,
+        pad_token_id=tok.pad_token_id, initializer_range=0.5,
+    )  # fmt: skip
+    torch.manual_seed(1)
+    return Phi3ForCausalLM(config), tok
+
+
 MODELS = {
     "llama": lambda: (tiny_llama(tok := char_tokenizer(), hidden_size=32, seed=1), tok),
     "qwen2": lambda: (tiny_qwen2(tok := bpe_tokenizer(), hidden_size=32, seed=1), tok),
+    "gpt2": _gpt2,
+    "phi3-longrope": _phi3_longrope,
 }
 
 
@@ -84,9 +116,31 @@ def _differences(name: str, batch_size: int | None) -> list[float]:
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_trimmed_forward_equals_padded_forward(name, batch_size):
     """Log-probs (every position, the padded ones included), entropies, loss and every parameter's gradient match
-    TRL's padded forward to 1e-6 (relative to the tensor's largest value) in fp32, for both tiny architectures:
-    left-trimming shifts every row's rotary positions by the same amount."""
+    TRL's padded forward to 1e-6 (relative to the tensor's largest value) in fp32: Llama and Qwen2 trimmed on both
+    sides (left-trimming shifts every row's rotary positions by the same amount), GPT-2 on the right only (its
+    positions are absolute), Phi-3 with longrope not at all (its frequencies follow the forward's length)."""
     assert max(_differences(name, batch_size)) < 1e-6
+
+
+@pytest.mark.parametrize("name", ["gpt2", "phi3-longrope"])
+def test_trimming_what_positions_see_would_change_the_values(monkeypatch, name):
+    """The comparison above can fail for these models: trimmed on both sides as a rotary model is, their log-probs
+    move far beyond rounding."""
+    monkeypatch.setattr(padding, "trim_sides", lambda config: (True, True))
+    assert max(_differences(name, 2)) > 1e-3
+
+
+def test_trim_sides_by_config():
+    from transformers import GemmaConfig, GPT2Config, LlamaConfig, OPTConfig
+
+    assert padding.trim_sides(LlamaConfig()) == padding.trim_sides(GemmaConfig()) == (True, True)
+    assert padding.trim_sides(GPT2Config()) == padding.trim_sides(OPTConfig()) == (False, True)
+    dynamic = LlamaConfig(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})
+    assert padding.trim_sides(dynamic) == (False, False)
+    per_layer_type = SimpleNamespace(rope_parameters={"full": {"rope_type": "yarn"}, "local": {"rope_type": "default"}})
+    assert padding.trim_sides(per_layer_type) == (True, True)
+    per_layer_type.rope_parameters["full"]["rope_type"] = "longrope"
+    assert padding.trim_sides(per_layer_type) == (False, False)
 
 
 @pytest.mark.parametrize("cut", ["left", "right"])
@@ -229,3 +283,8 @@ def test_group_by_length_refused_where_weights_depend_on_the_micro_batch(tmp_pat
 
     with pytest.raises(ValueError, match="group_by_length"):
         HACPOConfig(output_dir=str(tmp_path), share_rollouts=False, group_by_length=True, loss_type="bnpo")
+    cpu = {"use_cpu": True, "bf16": False}
+    for bonus in ({"entropy_coef": 0.01}, {"use_adaptive_entropy": True}):  # TRL's bonus: a micro-batch token mean
+        with pytest.raises(ValueError, match=r"`group_by_length` .* entropy_coef"):
+            HACPOConfig(output_dir=str(tmp_path), share_rollouts=False, group_by_length=True, **bonus, **cpu)
+    HACPOConfig(output_dir=str(tmp_path), share_rollouts=False, group_by_length=True, **cpu)  # GSPO's loss: allowed

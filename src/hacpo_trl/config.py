@@ -402,14 +402,17 @@ class HACPOConfig(GRPOConfig):
             Run every forward (TRL's old-log-prob and reference passes, HACPO's peer scoring and training passes) at
             its own rows' width: the leading and trailing columns that are padding in every row of a chunk are left
             out, and the no-gradient passes over a generation batch chunk rows of similar length together. Same
-            log-probs and gradients (up to float rounding) for rotary-position models; `False`: TRL's padded
-            forwards (see `hacpo_trl.padding`). `hacpo/time/padding_ratio/*` logs the waste either way.
+            log-probs and gradients (up to float rounding): a model without rotary embeddings keeps its left padding
+            (its positions may be absolute), and one whose rotary frequencies follow the forward's length (`dynamic`,
+            `longrope`) keeps TRL's padded forwards (`hacpo_trl.padding.trim_sides`). `False`: TRL's padded forwards
+            for every model. `hacpo/time/padding_ratio/*` logs the waste either way.
         group_by_length (`bool`, *optional*, defaults to `False`):
             Put rows of similar length into the same training micro-batch, so that trimmed forwards carry little
             padding with long-tailed lengths. Rows move only between the micro-batches of one optimizer update and
             only for rows of equal weight in the loss, so each update sums the same rows with the same weights (same
             gradient up to float rounding); per-micro-batch metrics are averaged over other row groupings. Refused
-            where the weights depend on the micro-batch (TRL's `bnpo`/`luspo`/`vespo` losses, `top_entropy_quantile`).
+            where the weights depend on the micro-batch (TRL's `bnpo`/`luspo`/`vespo` losses, `top_entropy_quantile`,
+            TRL's entropy bonus).
     """
 
     _VALID_DICT_FIELDS = GRPOConfig._VALID_DICT_FIELDS + ["agents"]
@@ -519,12 +522,14 @@ class HACPOConfig(GRPOConfig):
             if getattr(self, name) <= 0:
                 raise ValueError(f"`{name}` must be > 0, got {getattr(self, name)!r}")
         if self.group_by_length and not self.share_rollouts:
-            if self.loss_type not in LENGTH_GROUPABLE_LOSSES or self.top_entropy_quantile < 1.0:
+            entropy_bonus = bool(self.entropy_coef or self.use_adaptive_entropy)  # a token mean per micro-batch
+            if self.loss_type not in LENGTH_GROUPABLE_LOSSES or self.top_entropy_quantile < 1.0 or entropy_bonus:
                 raise ValueError(
-                    f"`group_by_length` with loss_type={self.loss_type!r} and top_entropy_quantile="
-                    f"{self.top_entropy_quantile}: the loss would weigh rows by what else is in their micro-batch, "
-                    f"so regrouping would change the update. Use one of {LENGTH_GROUPABLE_LOSSES} and "
-                    "top_entropy_quantile 1, or group_by_length false."
+                    f"`group_by_length` with loss_type={self.loss_type!r}, top_entropy_quantile="
+                    f"{self.top_entropy_quantile} and entropy_coef={self.entropy_coef} (use_adaptive_entropy="
+                    f"{self.use_adaptive_entropy}): the loss would weigh rows by what else is in their micro-batch, "
+                    f"so regrouping would change the update. Use one of {LENGTH_GROUPABLE_LOSSES}, "
+                    "top_entropy_quantile 1 and no entropy bonus, or group_by_length false."
                 )
         if self.peer_layout not in PEER_LAYOUTS:
             raise ValueError(f"`peer_layout` must be one of {PEER_LAYOUTS}, got {self.peer_layout!r}")

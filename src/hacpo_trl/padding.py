@@ -9,10 +9,12 @@ are. A column that is padding in every row of a chunk changes nothing the chunk 
 * as a label it is ``-100`` (TRL masks labels where the attention mask is 0), so the fused LM head scores it 0.
 
 So the chunk can drop its leading and trailing all-padding columns, and the per-token log-probs it returns are the
-untrimmed ones with zeros put back on the right. Dropping leading columns shifts every row's positions by the same
-amount: models whose attention depends only on position differences (rotary embeddings: Llama, Qwen, Mistral, Gemma,
-...) or that derive positions from the attention mask compute the same values. A model with absolute positions that
-counts left padding (GPT-2 style) would not; ``trim_padding=False`` keeps TRL's padded forwards.
+untrimmed ones with zeros put back on the right. Positions are where models differ (:func:`trim_sides`). Dropping
+leading columns shifts every row's positions by the same amount, which models whose attention depends only on
+position differences (rotary embeddings: Llama, Qwen, Mistral, Gemma, ...) do not see; a model without rotary
+embeddings may count positions absolutely (GPT-2's learned ones), so it keeps its left padding. Dropping trailing
+columns shortens the forward, which rotary embeddings whose frequencies depend on the forward's length ("dynamic",
+"longrope") do see, so such a model keeps TRL's padded forwards. ``trim_padding=False`` keeps them for every model.
 
 For the no-gradient passes over a whole generation batch (TRL's old log-probs and reference log-probs), rows are
 independent, so they are also chunked in order of length (:func:`length_order`): chunks then hold rows of similar
@@ -29,7 +31,37 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Trim", "chunk_trims", "length_groups", "length_order", "padding_ratio", "restore_width"]
+__all__ = ["Trim", "chunk_trims", "length_groups", "length_order", "padding_ratio", "restore_width", "trim_sides"]
+
+# rotary embeddings whose frequencies are chosen from the forward's length (transformers' `rope_type`)
+LENGTH_DEPENDENT_ROPE = frozenset({"dynamic", "longrope"})
+
+
+def _rope_types(rope) -> set[str] | None:
+    """The rope types named in a config's `rope_parameters` / `rope_scaling` (one dict, or one per layer type);
+    None without rotary embeddings."""
+    if not isinstance(rope, dict):
+        return None
+    nested = [v for v in rope.values() if isinstance(v, dict)]
+    if nested:
+        return set().union(*(_rope_types(v) or set() for v in nested))
+    return {str(rope.get("rope_type") or rope.get("type") or "default")}
+
+
+def trim_sides(config) -> tuple[bool, bool]:
+    """Which all-padding columns a forward of a model with this config may drop: (leading, trailing).
+
+    Rotary embeddings see only position differences, so both sides go, unless their frequencies depend on the
+    forward's length (`LENGTH_DEPENDENT_ROPE`): then neither. Without rotary embeddings positions may be absolute
+    and count the left padding, so only the trailing side goes (the columns before it are computed as before)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
+    types = _rope_types(rope)
+    if types is None:
+        return (getattr(text, "rope_theta", None) is not None, True)
+    if types & LENGTH_DEPENDENT_ROPE:
+        return (False, False)
+    return (True, True)
 
 
 class Trim(NamedTuple):
@@ -46,9 +78,10 @@ class Trim(NamedTuple):
         return (self.end - self.start) * (self.right - self.left)
 
 
-def _bounds(attention_mask: torch.Tensor, logits_to_keep: int, trim: bool) -> tuple[int, int]:
+def _bounds(attention_mask: torch.Tensor, logits_to_keep: int, trim: bool | tuple[bool, bool]) -> tuple[int, int]:
     width = attention_mask.shape[1]
-    if not trim:
+    trim_left, trim_right = trim if isinstance(trim, tuple) else (trim, trim)
+    if not (trim_left or trim_right):
         return 0, width
     real = attention_mask.bool().any(0).nonzero().flatten().tolist()
     if not real:
@@ -56,14 +89,17 @@ def _bounds(attention_mask: torch.Tensor, logits_to_keep: int, trim: bool) -> tu
     first_completion = width - logits_to_keep
     # keep the column before the first completion token (its hidden state scores that token) and at least one
     # completion column (``logits_to_keep`` 0 would mean "every position" to the model)
-    left = min(real[0], max(first_completion - 1, 0))
-    right = max(real[-1] + 1, first_completion + 1)
+    left = min(real[0], max(first_completion - 1, 0)) if trim_left else 0
+    right = max(real[-1] + 1, first_completion + 1) if trim_right else width
     return left, right
 
 
-def chunk_trims(attention_mask: torch.Tensor, logits_to_keep: int, batch_size: int, trim: bool = True) -> list[Trim]:
+def chunk_trims(
+    attention_mask: torch.Tensor, logits_to_keep: int, batch_size: int, trim: bool | tuple[bool, bool] = True
+) -> list[Trim]:
     """The chunks of ``batch_size`` rows and, with ``trim``, the columns each keeps: from its first to its last
-    column that is real in any of its rows (bounded so the chunk still scores every completion column it keeps)."""
+    column that is real in any of its rows (bounded so the chunk still scores every completion column it keeps);
+    ``trim`` = (leading, trailing) drops only the sides named (:func:`trim_sides`)."""
     n = attention_mask.shape[0]
     return [
         Trim(s, min(s + batch_size, n), *_bounds(attention_mask[s : s + batch_size], logits_to_keep, trim))

@@ -168,6 +168,7 @@ class HACPOTrainer(GRPOTrainer):
         self._prepare_seconds = 0.0
         self._forward_pass, self._generation_forwards = "other", 0
         self._padding_sums: dict[str, dict[str, list[float]]] = {"train": {}, "eval": {}}
+        self._trim_sides = padding.trim_sides(self.model.config)  # before any wrapping: which padding may go
         self._solo_batch = False  # whether the buffered generation batch holds own rows only (`_prepare_inputs`)
         self._rescue_batch = False  # whether its peer rows are rescued ones only (`capability_gate_rescue`)
         # optimizer updates since the last training log, and whether the last one was skipped
@@ -239,17 +240,20 @@ class HACPOTrainer(GRPOTrainer):
     ):
         """TRL's forward, chunk by chunk at each chunk's own width: the same log-probs, entropies and gradients
         without the padding columns (:mod:`hacpo_trl.padding`). Several chunks (the no-gradient passes over a
-        generation batch) take rows in order of length and return them in the caller's order. Multimodal inputs
-        and ``trim_padding=False`` keep TRL's padded forward; both count tokens processed and real."""
+        generation batch) take rows in order of length and return them in the caller's order. Which sides a model
+        may trim is `padding.trim_sides`'s (left padding only with rotary embeddings, none with length-dependent
+        ones). Multimodal inputs and ``trim_padding=False`` keep TRL's padded forward; all count tokens processed
+        and real."""
         n, width = input_ids.shape
         name = self._forward_name = self._pass_name()
         # the no-gradient passes over a generation batch's own rows in a solo batch's chunks: the GSPO baseline's
         batch_size = self._old_logps_chunk(n) if name in _OWN_ROW_PASSES and self.model.training else batch_size or n
-        trim = self.args.trim_padding and all(v is None for v in extra.values())
+        sides = self._trim_sides if self.args.trim_padding and all(v is None for v in extra.values()) else None
+        trim = sides is not None and any(sides)
         order = padding.length_order(attention_mask) if trim and batch_size < n else None
         if order is not None:
             input_ids, attention_mask = input_ids[order], attention_mask[order]
-        chunks = padding.chunk_trims(attention_mask, logits_to_keep, batch_size, trim)
+        chunks = padding.chunk_trims(attention_mask, logits_to_keep, batch_size, sides if trim else False)
         sums = self._padding_sums["train" if self.model.training else "eval"].setdefault(name, [0, 0])
         sums[0] += sum(c.tokens for c in chunks)
         sums[1] += int(attention_mask.sum())
