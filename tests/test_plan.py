@@ -428,3 +428,15 @@ def test_plan_sizes_a_rescue_batch_for_all_peer_rows_in_the_solo_micro_batches(h
     assert [a.batch["rescue_rows_per_forward"] for a in plan.agents] == [4 + 256 // 64] * 2
     assert any(p.startswith("agent 'qwen3-4b-base'") and "does not fit" in p for p in plan.problems)
     assert "with rescued peer rows only (capability_gate_rescue): up to 8 rows per forward pass" in format_plan(plan)
+
+
+def test_plan_notes_a_max_steps_that_ends_inside_a_generation_batch(hub_cache):
+    """The preset recipe makes 4 updates per generation batch: `--max_steps 10` (the README's short trial) is
+    allowed, with a note that its final checkpoint is mid-batch; 8 gets no note."""
+    recipe = yaml.safe_load((ROOT / "recipes" / "qwen3_1.7b_base_x_qwen3_4b_base_preset.yaml").read_text())
+    launch = launch_from_accelerate(yaml.safe_load((ROOT / "accelerate_configs" / "zero2_8gpu.yaml").read_text()))
+    dm = {"qwen3-1.7b-base": dims("Qwen/Qwen3-1.7B-Base"), "qwen3-4b-base": dims("Qwen/Qwen3-4B-Base")}
+    for steps, noted in ((10, True), (8, False)):
+        plan = make_plan({**recipe, "max_steps": steps}, dm, launch, H100, 7500)
+        said = [n for n in plan.notes if n.startswith(f"max_steps {steps} ends inside a generation batch (4 updates")]
+        assert len(said) == int(noted) and not any("max_steps" in p for p in plan.problems)

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -659,22 +660,29 @@ class HACPOConfig(GRPOConfig):
     def _check_save_steps(self) -> None:
         """Checkpoints only between generation batches: TRL does not save its position inside a generation batch,
         so a mid-batch checkpoint resumes out of phase (the half-trained batch is regenerated and trained again).
-        With `save_strategy: steps` the Trainer also saves at `max_steps`. And agents checkpoint together: a step
+        With `save_strategy: steps` the Trainer also saves at `max_steps` (a warning: only continuing from that
+        checkpoint goes out of phase, and a short trial run is common). And agents checkpoint together: a step
         every agent saved is what a run resumes from, so no agent may decide alone (`save_strategy: best`, refused
         in `__post_init__` before the launch is checked)."""
         if self.save_strategy != "steps" or self.save_steps < 1:
             return
         per_generation = self.steps_per_generation * self.num_iterations  # micro-batches between generations
         updates = per_generation / self.gradient_accumulation_steps
-        for name, value in (("save_steps", self.save_steps), ("max_steps", self.max_steps)):
-            if value > 0 and (int(value) * self.gradient_accumulation_steps) % per_generation:
-                where = "" if name == "save_steps" else " (the Trainer saves at the last step too)"
-                raise ValueError(
-                    f"`{name}` = {value} would checkpoint in the middle of a generation batch{where}: a generation "
-                    f"batch lasts {updates:g} optimizer updates (steps_per_generation x num_iterations / "
-                    "gradient_accumulation_steps), and a run resumed from such a checkpoint trains out of phase. Use "
-                    "a multiple of it"
-                )
+        if (int(self.save_steps) * self.gradient_accumulation_steps) % per_generation:
+            raise ValueError(
+                f"`save_steps` = {self.save_steps} would checkpoint in the middle of a generation batch: a generation "
+                f"batch lasts {updates:g} optimizer updates (steps_per_generation x num_iterations / "
+                "gradient_accumulation_steps), and a run resumed from such a checkpoint trains out of phase. Use a "
+                "multiple of it"
+            )
+        if self.max_steps > 0 and (int(self.max_steps) * self.gradient_accumulation_steps) % per_generation:
+            # only resuming that last checkpoint to train further goes wrong, so a short trial run stays allowed
+            warnings.warn(
+                f"`max_steps` = {self.max_steps} ends in the middle of a generation batch ({updates:g} optimizer "
+                "updates each), and the Trainer checkpoints at the last step: resuming from that checkpoint to train "
+                "further would run out of phase. Use a multiple of it for a run you mean to continue",
+                stacklevel=2,
+            )
 
     def _reject_settings_hacpo_ignores(self) -> None:
         """With sharing, HACPO's loss and advantages replace TRL's: TRL settings that only act there would be

@@ -713,6 +713,11 @@ def _schedule(recipe: dict, batch: dict, dataset_rows: int | None, problems: lis
                 f"save_steps {save_steps} is not a multiple of the {updates:g} optimizer updates per generation "
                 "batch, so checkpoints would land mid-generation and resume would run out of phase"
             )
+        if max_steps > 0 and updates and max_steps % updates:
+            notes.append(
+                f"max_steps {max_steps} ends inside a generation batch ({updates:g} updates each): the final "
+                "checkpoint is mid-batch, so continuing from it would run out of phase"
+            )
         if "total_steps" in out and float(save_steps) >= 1:
             total, every = int(out["total_steps"]), int(save_steps)
             written = total // every + (1 if total % every else 0)  # transformers also saves at the final step
