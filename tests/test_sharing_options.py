@@ -1004,3 +1004,36 @@ def test_a_rescue_batch_counts_only_the_updates_it_makes_in_the_stepwise_bound()
             trainer._step = step
             got.append(trainer._update_index())
         assert got == expected
+
+
+@pytest.mark.parametrize(
+    "accumulation, steps_per_generation, expected",
+    [(2, 4, [0, 1, 2]), (8, 4, [0, 1, 2, 3, 4, 5]), (1, 2, [0, 1, 2])],
+    ids=["2-updates-per-batch", "2-batches-per-update", "no-accumulation"],
+)
+def test_the_gate_warmup_counts_generation_batches_whatever_the_accumulation(
+    monkeypatch, accumulation, steps_per_generation, expected
+):
+    """`_open_peers` hands `open_peers` the generation batches seen before this one, at each new batch (TRL's
+    micro-step `_step` a multiple of `steps_per_generation`, `global_step` the updates finished): with 8 micro-batches
+    per update and 4 per batch, two batches share an update, and the second has seen one batch, not zero."""
+    from types import SimpleNamespace
+
+    import hacpo_trl.trainer
+    from hacpo_trl.trainer import HACPOTrainer
+
+    monkeypatch.setattr(hacpo_trl.trainer, "open_peers", lambda *args: args[6])  # batches_seen
+    trainer = object.__new__(HACPOTrainer)
+    trainer.agent, trainer.agent_names, trainer.num_iterations = "a", ["a", "b"], 1
+    trainer.args = SimpleNamespace(
+        gradient_accumulation_steps=accumulation, steps_per_generation=steps_per_generation,
+        learn_from_agents=lambda: None, capability_gate=1.0, capability_gate_warmup=2, capability_gate_confidence=0,
+    )  # fmt: skip
+    trainer.capability = SimpleNamespace(capabilities=lambda: {}, rows=lambda: {})
+    trainer._peer_weight = lambda: 1.0
+    seen = []
+    for batch in range(len(expected)):
+        trainer._step = batch * steps_per_generation  # TRL's micro-step when this batch is generated
+        trainer.state = SimpleNamespace(global_step=trainer._step // accumulation)
+        seen.append(trainer._open_peers())
+    assert seen == expected

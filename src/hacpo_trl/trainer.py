@@ -313,7 +313,7 @@ class HACPOTrainer(GRPOTrainer):
                 self._collect_peer_ratios(torch.zeros(0), 0.0)  # the batch's last micro-step: log its peer ratios
             model.train()  # as Trainer.training_step would: after an evaluation the logs must read as training's
             self._step += 1  # TRL's micro-batch counter, as its own training_step would advance it
-            if self._step % self.current_gradient_accumulation_steps == 0:  # the skipped update's last micro-batch
+            if self.accelerator.sync_gradients:  # the skipped update's last micro-batch (the Trainer's marker)
                 self._updates_since_log["skipped"] += 1
                 self._updates_since_log["last_skipped"] = True
                 self._advance_engine_scheduler()
@@ -322,7 +322,7 @@ class HACPOTrainer(GRPOTrainer):
         self._prepare_seconds = 0.0
         start = time.perf_counter()
         loss = super().training_step(model, inputs, num_items_in_batch)
-        if self._step % self.current_gradient_accumulation_steps == 0:  # the update's last micro-batch
+        if self.accelerator.sync_gradients:  # the update's last micro-batch, as the Trainer counts them
             self._updates_since_log["made"] += 1
             self._updates_since_log["last_skipped"] = False
             if self.args.skip_empty_updates and not self.__dict__.pop("_update_has_rows", True):
@@ -474,8 +474,10 @@ class HACPOTrainer(GRPOTrainer):
         """The peers this learner learns from at this batch by `learn_from` and `capability_gate` (none once
         `peer_fade_steps` has faded them out); `band_gate` may close more. Logged as ``hacpo/learns_from/<peer>``."""
         args, tracker = self.args, self.capability
-        # generation batches before this one (global_step counts optimizer updates, `_generate_every` micro-batches)
-        seen = self.state.global_step * self.args.gradient_accumulation_steps // self._generate_every
+        # generation batches before this one: the micro-batches of the updates made and of the one under way (an
+        # update may span generation batches) ÷ micro-batches per batch
+        ga = self.args.gradient_accumulation_steps
+        seen = (self.state.global_step * ga + self._step % ga) // self._generate_every
         peers = open_peers(
             self.agent, self.agent_names, tracker.capabilities(), args.learn_from_agents(), args.capability_gate,
             args.capability_gate_warmup, seen, args.capability_gate_confidence, tracker.rows(),
