@@ -53,7 +53,10 @@ def trim_sides(config) -> tuple[bool, bool]:
 
     Rotary embeddings see only position differences, so both sides go, unless their frequencies depend on the
     forward's length (`LENGTH_DEPENDENT_ROPE`): then neither. Without rotary embeddings positions may be absolute
-    and count the left padding, so only the trailing side goes (the columns before it are computed as before)."""
+    and count the left padding, so only the trailing side goes (the columns before it are computed as before).
+    Read from the config's rope fields (`rope_parameters`, `rope_scaling`, `rope_theta`), as transformers names
+    them; a rotary model that names its rope otherwise (GPT-J's `rotary_dim`) is taken as absolute: it keeps its
+    left padding, which costs compute, never values."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
     types = _rope_types(rope)

@@ -172,7 +172,7 @@ class HACPOTrainer(GRPOTrainer):
         self._solo_batch = False  # whether the buffered generation batch holds own rows only (`_prepare_inputs`)
         self._rescue_batch = False  # whether its peer rows are rescued ones only (`capability_gate_rescue`)
         # optimizer updates since the last training log, and whether the last one was skipped
-        self._updates_since_log = {"made": 0, "skipped": 0, "last_skipped": False}
+        self._updates_since_log = {"skipped": 0, "last_skipped": False}
         self.add_callback(metrics.OptimizerTimer(self))
         self.add_callback(_ResumeGradScaler(self))
         vllm_weights = self.use_vllm and self.vllm_importance_sampling_correction
@@ -301,7 +301,7 @@ class HACPOTrainer(GRPOTrainer):
             self._metrics[mode][key] = [value]
         self._padding_sums[mode] = {}
         if mode == "train" and "loss" in logs and self._solo_steps() != self.args.steps_per_generation:
-            counts, self._updates_since_log = self._updates_since_log, {"made": 0, "skipped": 0, "last_skipped": False}
+            counts, self._updates_since_log = self._updates_since_log, {"skipped": 0, "last_skipped": False}
             logs["hacpo/skipped_updates"] = float(counts["skipped"])  # their loss is logged as 0
             if counts["last_skipped"]:  # transformers logs the last update's norm, and a skipped one has none: 0
                 logs.pop("grad_norm", None)  # with no gradient (DeepSpeed would repeat the last real update's)
@@ -323,7 +323,6 @@ class HACPOTrainer(GRPOTrainer):
         start = time.perf_counter()
         loss = super().training_step(model, inputs, num_items_in_batch)
         if self.accelerator.sync_gradients:  # the update's last micro-batch, as the Trainer counts them
-            self._updates_since_log["made"] += 1
             self._updates_since_log["last_skipped"] = False
             if self.args.skip_empty_updates and not self.__dict__.pop("_update_has_rows", True):
                 model.zero_grad(set_to_none=True)  # no row of it had a gradient, on any rank: no optimizer step
