@@ -175,8 +175,13 @@ class HACPOTrainer(GRPOTrainer):
         self._updates_since_log = {"skipped": 0, "last_skipped": False}
         self.add_callback(metrics.OptimizerTimer(self))
         self.add_callback(_ResumeGradScaler(self))
+        self._self_on_policy = self._one_update(args.steps_per_generation)
+
+    def _one_update(self, steps: int) -> bool:
+        """Whether a generation batch cut into ``steps`` micro-batches serves one update (without vLLM importance
+        weights): TRL then computes no old log-probs, and the ratio is 1 exactly."""
         vllm_weights = self.use_vllm and self.vllm_importance_sampling_correction
-        self._self_on_policy = self_on_policy(args.gradient_accumulation_steps, self._generate_every, vllm_weights)
+        return self_on_policy(self.args.gradient_accumulation_steps, steps * self.num_iterations, vllm_weights)
 
     @property
     def _generate_every(self) -> int:
@@ -221,8 +226,7 @@ class HACPOTrainer(GRPOTrainer):
     def _pass_name(self) -> str:
         name = self._forward_pass
         if name == "generation":  # inside TRL's step: its old log-probs (when it computes them), then the reference
-            vllm_weights = self.use_vllm and self.vllm_importance_sampling_correction
-            trl_old = self.args.gradient_accumulation_steps % self._generate_every != 0 or vllm_weights
+            trl_old = not self._one_update(self.args.steps_per_generation)
             name = "old_logps" if trl_old and self._generation_forwards == 0 else "ref_logps"
             self._generation_forwards += 1
         return name
@@ -449,9 +453,7 @@ class HACPOTrainer(GRPOTrainer):
             self._log(mode, metrics.gate_evidence_metrics(self.agent, caps, rows_behind, self.args.capability_gate))
         if not involved:  # learns from no one at this batch: GSPO's own batch (its records were still shared)
             self._log(mode, metrics.peer_row_metrics([0, 0, 0, 0]))
-            vllm_weights = self.use_vllm and self.vllm_importance_sampling_correction
-            solo_every = self._solo_steps() * self.num_iterations
-            if mode == "train" and self_on_policy(self.args.gradient_accumulation_steps, solo_every, vllm_weights):
+            if mode == "train" and self._one_update(self._solo_steps()):
                 # GSPO with the solo schedule makes one update of the batch and computes no old log-probs (its ratio
                 # is 1 exactly); TRL computed them for the sharing schedule, and a forward of another shape can
                 # differ in the last bits on a GPU
