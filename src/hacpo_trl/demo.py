@@ -329,7 +329,10 @@ def resolve_model(name_or_path: str) -> str:
     """``builtin:<name>`` -> the cached folder of that agent (built on first use); anything else unchanged."""
     if isinstance(name_or_path, str) and name_or_path.startswith(PREFIX):
         from .pretrained import PRETRAINED, build_pretrained  # real pretrained models (builtin:smollm2-...)
+        from .shapes import SHAPES, build_shape  # systems stand-ins of the paper's sizes (builtin:qwen3-4b-shape)
 
         name = name_or_path[len(PREFIX) :]
+        if name in SHAPES:
+            return build_shape(name)
         return build_pretrained(name) if name in PRETRAINED else build_agent(name)
     return name_or_path
