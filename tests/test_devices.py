@@ -152,3 +152,128 @@ def test_placement_needs_the_node_layout():
         compute_placement([1, 1], {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"})
     with pytest.raises(ValueError, match=r"add up to 3, the launch has 2"):
         compute_placement([2, 1], {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+
+
+def test_two_agents_share_one_gpu_on_purpose(tmp_path, monkeypatch):
+    """`share_gpus`: a one-GPU machine runs two agents, both on its GPU (time-shared); every other check stays."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    proc, places = probe(tmp_path, 2, "--counts", "1,1", "--gpus", "1", "--config", json.dumps({"share_gpus": True}))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [(p["agent"], p["CUDA_VISIBLE_DEVICES"], p["accelerate_device"], p["physical_gpu"]) for p in places] == [
+        ("agent0", "0", "cuda:0", 0),
+        ("agent1", "0", "cuda:0", 0),
+    ]
+    assert places[0]["device"] == places[1]["device"]  # the same GPU, by UUID
+
+
+def test_one_gpu_without_share_gpus_is_still_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    proc, _ = probe(tmp_path, 2, "--counts", "1,1", "--gpus", "1")
+    assert proc.returncode != 0
+    assert "agent 'agent1' (its rank 0, global rank 1): this agent has 1 process(es) on this node but not enough " \
+           "GPU(s) are visible to it (CUDA_VISIBLE_DEVICES 0)" in proc.stderr  # fmt: skip
+    assert "set `share_gpus: true` in the recipe" in proc.stderr
+
+
+def test_share_gpus_keeps_an_agents_own_ranks_apart(tmp_path, monkeypatch):
+    """Two ranks of one agent on one GPU would break its NCCL group: refused with share_gpus too."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    proc, _ = probe(tmp_path, 3, "--counts", "2,1", "--gpus", "1", "--config", json.dumps({"share_gpus": True}))
+    assert proc.returncode != 0
+    assert "agent 'agent0' (its rank 0, global rank 0): this agent has 2 process(es) on this node" in proc.stderr
+    assert "an agent's own processes each need their own" in proc.stderr
+
+
+def test_share_gpus_by_uuid_refuses_one_agents_ranks_on_one_gpu(tmp_path):
+    """The UUID check behind the device lists: with share_gpus, two agents on one GPU pass, one agent's two ranks
+    on one GPU (a scheduler that maps two listed ordinals to one device) do not."""
+    ok, _ = probe(tmp_path, 2, "--counts", "1,1", "--gpus", "2", "--same_uuid", "--config", '{"share_gpus": true}')
+    assert ok.returncode == 0, ok.stderr[-4000:]
+    (tmp_path / "probe").rename(tmp_path / "first")
+    bad, _ = probe(tmp_path, 2, "--counts", "2", "--gpus", "2", "--same_uuid", "--config", '{"share_gpus": true}')
+    assert bad.returncode != 0
+    assert "use the same GPU. An agent's own processes each need their own GPU, also with share_gpus" in bad.stderr
+
+
+def test_placement_with_shared_gpus():
+    def devices(counts, rank, local_world, visible=None, node_gpus=None):
+        env = {"WORLD_SIZE": str(sum(counts)), "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(local_world)}  # fmt: skip
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        return compute_placement(counts, env, share_gpus=True, node_gpus=node_gpus).devices
+
+    assert [devices([1, 1], r, 2, "0") for r in range(2)] == [("0",), ("0",)]
+    assert [devices([1, 1, 1], r, 3, "4,5") for r in range(3)] == [("4",), ("5",), ("4",)]  # round robin
+    assert [devices([2, 2], r, 4, "0,1") for r in range(4)] == [("0", "1")] * 4
+    assert [devices([2, 1], r, 3, "0") for r in range(3)] == [None, None, ("0",)]  # agent0's two ranks: refused
+    # unset CUDA_VISIBLE_DEVICES: the node's GPUs as the driver counts them (one here), else one per process
+    assert [devices([1, 1], r, 2, node_gpus=1) for r in range(2)] == [("0",), ("0",)]
+    assert [devices([1, 1], r, 2) for r in range(2)] == [("0",), ("1",)]
+
+
+def test_node_gpu_count_reads_the_driver_folder(tmp_path):
+    from hacpo_trl.placement import node_gpu_count
+
+    assert node_gpu_count(str(tmp_path / "absent"), str(tmp_path / "no-nvidia-smi")) is None
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-1)'\n")
+    smi.chmod(0o755)
+    assert node_gpu_count(str(tmp_path / "absent"), str(smi)) == 1
+    for bus in ("0000:18:00.0", "0000:2a:00.0"):
+        (tmp_path / "gpus" / bus).mkdir(parents=True)
+    assert node_gpu_count(str(tmp_path / "gpus"), str(smi)) == 2
+
+
+def test_share_gpus_is_one_setting_of_the_launch():
+    from hacpo_trl.placement import share_gpus
+
+    assert share_gpus({}) is False and share_gpus({"share_gpus": True}) is True
+    with pytest.raises(ValueError, match="recipe key 'share_gpus' must be true or false, got 'yes'"):
+        share_gpus({"share_gpus": "yes"})
+    with pytest.raises(ValueError, match="`share_gpus` is a setting of the whole launch"):
+        share_gpus({"agents": [{"name": "a", "overrides": {"share_gpus": True}}]})
+
+
+def test_hacpo_train_places_a_shared_gpu_before_importing_trl(tmp_path):
+    """`hacpo-train` with `share_gpus: true` on a one-GPU machine (CUDA_VISIBLE_DEVICES=0 for the launch): the second
+    agent's process sees GPU 0 when bitsandbytes would initialise CUDA, not an ordinal the node does not have, and
+    the allocator already has expandable segments."""
+    (tmp_path / "bitsandbytes").mkdir()
+    (tmp_path / "bitsandbytes" / "__init__.py").write_text(
+        FAKE_BITSANDBYTES.replace('os.environ.get("CUDA_VISIBLE_DEVICES"),', 'os.environ.get("CUDA_VISIBLE_DEVICES"), '
+                                  '"alloc": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),')
+    )  # fmt: skip
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("share_gpus: true\nagents:\n  - {name: a, model_name_or_path: x}\n"
+                      "  - {name: b, model_name_or_path: y}\n")  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        "FAKE_BNB_OUT": str(tmp_path / "seen.json"), "CUDA_VISIBLE_DEVICES": "0",
+        "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
+    }  # fmt: skip
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop("PYTORCH_ALLOC_CONF", None)
+    proc = subprocess.run([sys.executable, "-m", "hacpo_trl.train", "--config", str(recipe)], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and (tmp_path / "seen.json").exists(), proc.stderr[-3000:]
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["CUDA_VISIBLE_DEVICES"] == "0" and seen["alloc"] == "expandable_segments:True"
+
+
+def test_the_allocator_gets_expandable_segments_unless_the_user_chose():
+    from hacpo_trl.placement import set_cuda_allocator
+
+    env = {}
+    said = set_cuda_allocator({}, env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} and "fragment" in said
+    for chosen in ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}, {"PYTORCH_ALLOC_CONF": "backend:native"}):
+        env = dict(chosen)
+        assert set_cuda_allocator({}, env) is None and env == chosen
+    for recipe in ({"use_cpu": True}, {"use_vllm": True, "vllm_enable_sleep_mode": True}):  # sleep mode: its pool
+        env = {}
+        assert set_cuda_allocator(recipe, env) is None and env == {}
+    env = {}
+    assert set_cuda_allocator({"use_vllm": True}, env) and env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"

@@ -13,7 +13,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from .algorithm import PEER_LAYOUTS, CapabilityTracker, HACPOLossConfig
-from .placement import launch_engine
+from .placement import launch_engine, share_gpus
 from .topology import AgentTopology, init_agent_worlds
 
 __all__ = ["AgentSpec", "HACPOConfig"]
@@ -63,6 +63,7 @@ def _true_or_false(values: dict, name: str, who: str) -> bool:
 
 # Fields an agent may not override: they define the run, not the agent.
 _NOT_PER_AGENT = {"agents", "output_dir", "learning_rate", "hub_model_id", "model_init_kwargs", "chat_template_kwargs"}
+_LAUNCH_ONLY = {"share_gpus"}  # one value for the whole launch
 
 
 @dataclass
@@ -338,6 +339,11 @@ class HACPOConfig(GRPOConfig):
             GSPO does not. The official code steps on every mini-batch, so this is a deviation, off by default.
             Not with DeepSpeed (its step runs inside the backward call, before the update's rows are known).
             May differ per agent.
+        share_gpus (`bool`, *optional*, defaults to `False`):
+            Let the agents' processes time-share GPUs on purpose: the node's i-th process gets GPU i mod (GPUs
+            listed), so two one-process agents on one GPU both use it (generation and training take turns). An
+            agent's own processes still need one GPU each. Without it, two processes on one GPU are refused as a
+            mistake. A setting of the whole launch, not per agent; `hacpo-train --plan` sums the agents of each GPU.
         exchange_timeout (`float`, *optional*, defaults to `1800`):
             Seconds a process waits in an exchange for every process of every agent to arrive, once training runs,
             before failing with an error naming the absent ones. Agents exchange once per generation batch, so the
@@ -458,6 +464,9 @@ class HACPOConfig(GRPOConfig):
     skip_empty_updates: bool = field(
         default=False, metadata={"help": "No optimizer step for an update without a row that has a gradient."}
     )
+    share_gpus: bool = field(
+        default=False, metadata={"help": "Let the agents' processes time-share GPUs (e.g. two agents on one GPU)."}
+    )
     exchange_timeout: float = field(default=1800.0, metadata={"help": "Seconds to wait on other agents."})
     exchange_startup_timeout: float = field(
         default=3600.0, metadata={"help": "Seconds to wait on other agents until the first step is done."}
@@ -548,6 +557,7 @@ class HACPOConfig(GRPOConfig):
             backend=self.ddp_backend,  # the agent world is made here, so accelerate's own choice never runs
             agent_timeout_seconds=self.ddp_timeout,
             use_cpu=self.use_cpu,
+            share_gpus=share_gpus({"share_gpus": self.share_gpus}),
         )
         spec = next(s for s in specs if s.name == topology.agent)
         self.agent_spec = spec
@@ -581,8 +591,9 @@ class HACPOConfig(GRPOConfig):
                 setattr(self, name, value)
         valid = {f.name for f in dataclasses.fields(self)}
         for key, value in spec.overrides.items():
-            if key not in valid or key in _NOT_PER_AGENT or key.startswith("_"):
+            if key not in valid or key in _NOT_PER_AGENT | _LAUNCH_ONLY or key.startswith("_"):
                 hint = "set it on the agent itself" if key in _NOT_PER_AGENT else "not a HACPOConfig field"
+                hint = "a setting of the whole launch" if key in _LAUNCH_ONLY else hint
                 raise ValueError(f"agent {spec.name!r}: cannot override {key!r} ({hint})")
             setattr(self, key, value)
         if several and self.run_name in (None, self.output_dir):

@@ -9,6 +9,10 @@ refuses to run on GPUs if CUDA was initialised before the placement (see ``cuda_
 
 Global ranks go to agents in recipe order; launchers number ranks contiguously per node, so an agent spanning two
 nodes gets different agent-local ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` and devices on each node.
+
+With ``share_gpus`` (a recipe key) the agents time-share the node's GPUs on purpose: the node's ``i``-th process gets
+GPU ``i mod (GPUs listed)``, so two one-process agents on one GPU both get it. An agent's own processes still get
+one GPU each (their NCCL group refuses two ranks on one device).
 """
 
 from __future__ import annotations
@@ -16,17 +20,21 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
     "Placement",
+    "allocator_expandable",
     "agent_slot",
     "compute_placement",
     "free_port",
     "launch_engine",
+    "node_gpu_count",
     "place_process",
     "process_counts",
+    "set_cuda_allocator",
+    "share_gpus",
 ]
 
 
@@ -44,6 +52,7 @@ class Placement:
     local_world_size: int  # this agent's processes on this node
     devices: tuple[str, ...] | None  # this agent's entries of the node's CUDA_VISIBLE_DEVICES; None: too few listed
     node_devices: str | None  # CUDA_VISIBLE_DEVICES as the launcher set it (None: unset, every GPU of the node)
+    shared: bool = False  # agents time-share GPUs (`share_gpus`)
 
 
 def agent_slot(process_counts: Sequence[int], global_rank: int) -> tuple[int, int]:
@@ -68,9 +77,32 @@ def _env_int(environ: Mapping[str, str], name: str, default: int | None = None) 
     return int(value)
 
 
-def compute_placement(counts: Sequence[int], environ: Mapping[str, str] = os.environ) -> Placement:
+def node_gpu_count(driver_dir: str = "/proc/driver/nvidia/gpus", nvidia_smi: str = "nvidia-smi") -> int | None:
+    """The node's NVIDIA GPUs, from the driver's one folder per GPU, else ``nvidia-smi -L``: no CUDA call in this
+    process, so its devices are not fixed yet. None where neither answers (no NVIDIA driver)."""
+    import subprocess
+
+    try:
+        return len(os.listdir(driver_dir)) or None
+    except OSError:
+        pass
+    try:
+        listed = subprocess.run([nvidia_smi, "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sum(line.startswith("GPU ") for line in listed.splitlines()) or None
+
+
+def compute_placement(
+    counts: Sequence[int],
+    environ: Mapping[str, str] = os.environ,
+    share_gpus: bool = False,
+    node_gpus: int | None = None,
+) -> Placement:
     """This process's placement from the launcher's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-    ``LOCAL_WORLD_SIZE``, ``CUDA_VISIBLE_DEVICES``) and the agents' process counts. Pure: changes nothing."""
+    ``LOCAL_WORLD_SIZE``, ``CUDA_VISIBLE_DEVICES``) and the agents' process counts. Pure: changes nothing.
+    ``node_gpus``: the node's GPU count, used with ``share_gpus`` when ``CUDA_VISIBLE_DEVICES`` is unset (otherwise
+    every process of the node is assumed to have a GPU of its own)."""
     counts = tuple(counts)
     world_size = _env_int(environ, "WORLD_SIZE", 1)
     if sum(counts) != world_size:
@@ -87,10 +119,15 @@ def compute_placement(counts: Sequence[int], environ: Mapping[str, str] = os.env
     mine = [r - node_start for r in range(node_start, node_start + node_world) if start <= r < start + count]
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     # unset: every GPU of the node; "" hides them all (a CPU run), and stays so
-    listed = (
-        [str(i) for i in range(node_world)] if visible is None else [d.strip() for d in visible.split(",") if d.strip()]
-    )
-    devices = tuple(listed[i] for i in mine) if max(mine) < len(listed) else None
+    if visible is None:
+        listed = [str(i) for i in range(node_gpus if share_gpus and node_gpus else node_world)]
+    else:
+        listed = [d.strip() for d in visible.split(",") if d.strip()]
+    if share_gpus and listed:
+        devices = tuple(listed[i % len(listed)] for i in mine)
+        devices = devices if len(set(devices)) == len(devices) else None  # an agent's own ranks on one GPU: refused
+    else:
+        devices = tuple(listed[i] for i in mine) if max(mine) < len(listed) else None
     return Placement(
         counts=counts,
         agent_index=index,
@@ -102,6 +139,7 @@ def compute_placement(counts: Sequence[int], environ: Mapping[str, str] = os.env
         local_world_size=len(mine),
         devices=devices,
         node_devices=visible,
+        shared=bool(share_gpus),
     )
 
 
@@ -115,7 +153,7 @@ def _cuda_initialised() -> bool:
     return bool(cuda is not None and cuda.is_initialized())
 
 
-def place_process(counts: Sequence[int]) -> Placement:
+def place_process(counts: Sequence[int], share_gpus: bool = False) -> Placement:
     """Restrict ``CUDA_VISIBLE_DEVICES`` to this process's agent's devices on this node (once per process).
 
     Call before importing anything that may touch CUDA (trl, transformers, peft, bitsandbytes, vllm). Only the
@@ -124,12 +162,14 @@ def place_process(counts: Sequence[int]) -> Placement:
     global _PLACED
     counts = tuple(counts)
     if _PLACED is not None:
-        if _PLACED[0].counts != counts:
+        if (_PLACED[0].counts, _PLACED[0].shared) != (counts, bool(share_gpus)):
             raise RuntimeError(
-                f"this process was placed for agents of {list(_PLACED[0].counts)} processes, not {list(counts)}"
+                f"this process was placed for agents of {list(_PLACED[0].counts)} processes with share_gpus "
+                f"{_PLACED[0].shared}, not {list(counts)} with share_gpus {bool(share_gpus)}"
             )
         return _PLACED[0]
-    placement = compute_placement(counts)
+    node_gpus = node_gpu_count() if share_gpus and "CUDA_VISIBLE_DEVICES" not in os.environ else None
+    placement = compute_placement(counts, share_gpus=share_gpus, node_gpus=node_gpus)
     if placement.world_size > 1 and placement.devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(placement.devices)
     _PLACED = (placement, _cuda_initialised())
@@ -156,6 +196,52 @@ def process_counts(recipe: Mapping) -> list[int] | None:
             return None
         counts.append(count)
     return counts
+
+
+def share_gpus(recipe: Mapping) -> bool:
+    """The recipe's ``share_gpus`` (default false), checked: the one place this launch setting is validated, read by
+    the placement before any ML library loads, by the config and by the plan."""
+    value = recipe.get("share_gpus", False)
+    if not isinstance(value, bool):
+        raise ValueError(f"recipe key 'share_gpus' must be true or false, got {value!r}")
+    agents = recipe.get("agents") or []
+    for agent in agents.values() if isinstance(agents, Mapping) else agents:
+        if isinstance(agent, Mapping) and ("share_gpus" in agent or "share_gpus" in (agent.get("overrides") or {})):
+            raise ValueError(
+                "`share_gpus` is a setting of the whole launch (all agents share the GPUs or none do): set it at the "
+                "top of the recipe, not for one agent"
+            )
+    return value
+
+
+ALLOCATOR = "expandable_segments:True"
+
+
+def allocator_expandable(recipe: Mapping, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether torch's CUDA allocator will use expandable segments in a launch of this recipe by `hacpo-train`."""
+    chosen = environ.get("PYTORCH_CUDA_ALLOC_CONF", environ.get("PYTORCH_ALLOC_CONF"))
+    if chosen is not None:
+        return "expandable_segments:true" in chosen.replace(" ", "").lower()
+    return set_cuda_allocator(recipe, {}) is not None
+
+
+def set_cuda_allocator(recipe: Mapping, environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """Give torch's CUDA allocator expandable segments unless the user chose its settings; returns a line saying so,
+    or None when nothing was set. Must run before CUDA's first allocation.
+
+    Why: RL generation grows a KV cache of a new length at every batch, which fragments the default allocator's
+    fixed segments. On one H200 a Qwen3-4B-shaped LoRA agent reserved 71.8 GiB for 15.7 GiB allocated by default,
+    16.3 GiB with expandable segments. vLLM's sleep mode does not work with them (its memory pool), so a recipe with
+    colocated vLLM in sleep mode is left alone."""
+    if "PYTORCH_CUDA_ALLOC_CONF" in environ or "PYTORCH_ALLOC_CONF" in environ or recipe.get("use_cpu"):
+        return None
+    if recipe.get("use_vllm") and recipe.get("vllm_enable_sleep_mode"):
+        return None
+    environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATOR
+    return (
+        f"hacpo-train: PYTORCH_CUDA_ALLOC_CONF={ALLOCATOR} (RL's growing KV caches fragment the default allocator's "
+        "memory several-fold; set PYTORCH_CUDA_ALLOC_CONF yourself to choose otherwise)"
+    )
 
 
 def free_port() -> int:

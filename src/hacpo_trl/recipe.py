@@ -275,6 +275,12 @@ def preflight(recipe: dict, num_processes: int | None = None, environ=os.environ
             f"recipe key 'num_generations' must be at least 2 (GRPO compares completions of one prompt), "
             f"got {generations!r}"
         )
+    from .placement import share_gpus  # torch-free
+
+    try:
+        share_gpus(recipe)
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from None
     counts = [a.get("num_processes", 1) for a in agents]
     if num_processes is not None and agents and all(isinstance(c, int) for c in counts):
         if sum(counts) != num_processes:

@@ -226,7 +226,12 @@ def _check_devices_before_use(placement, agent: str) -> None:
             f"{me}: this agent has {placement.local_world_size} process(es) on this node but "
             f"{visible if placement.devices is not None else 'not enough'} GPU(s) are visible to it "
             f"(CUDA_VISIBLE_DEVICES {listed}): every process needs its own GPU. Launch fewer processes per node or "
-            "make more GPUs visible."
+            "make more GPUs visible"
+            + (
+                " (share_gpus lets agents share GPUs, but an agent's own processes each need their own)."
+                if placement.shared
+                else ", or set `share_gpus: true` in the recipe to let agents time-share GPUs on purpose."
+            )
         )
 
 
@@ -238,23 +243,29 @@ def _device_identity(local_rank: int) -> str | None:
     return f"{socket.gethostname()} cuda:{index} {torch.cuda.get_device_properties(index).uuid}"
 
 
-def check_distinct_devices(topology: AgentTopology) -> None:
-    """Over the exchange group: no two processes of the launch on one physical GPU, and no agent silently on CPU
-    while others use GPUs (e.g. an agent whose device list named GPUs the node does not have)."""
+def check_distinct_devices(topology: AgentTopology, share_gpus: bool = False) -> None:
+    """Over the exchange group: no two processes of the launch on one physical GPU (with ``share_gpus``: no two of
+    one agent), and no agent silently on CPU while others use GPUs (e.g. an agent whose device list named GPUs the
+    node does not have)."""
     everyone = Exchange(topology).all_gather(topology.device, what="device check")
-    owners: dict[str, int] = {}
+    owners: dict[tuple[str, str], int] = {}
     for rank, device in enumerate(everyone):
         if device is None:
             continue
-        uuid = device.rsplit(" ", 1)[-1]
-        if uuid in owners:
-            first = owners[uuid]
+        key = (topology.agent_of_rank(rank) if share_gpus else "", device.rsplit(" ", 1)[-1])
+        if key in owners:
+            first = owners[key]
+            hint = (
+                "An agent's own processes each need their own GPU, also with share_gpus"
+                if share_gpus
+                else "Each process needs its own (or set `share_gpus: true` to let agents time-share GPUs on purpose)"
+            )
             raise RuntimeError(
                 f"{topology.describe_rank(first)} ({everyone[first]}) and {topology.describe_rank(rank)} ({device}) "
-                "use the same GPU. Each process needs its own: check CUDA_VISIBLE_DEVICES and the scheduler's GPU "
-                "binding (HACPO gives each agent its own slice of the GPUs the launcher shows on each node)."
+                f"use the same GPU. {hint}: check CUDA_VISIBLE_DEVICES and the scheduler's GPU binding (HACPO gives "
+                "each agent its own slice of the GPUs the launcher shows on each node)."
             )
-        owners[uuid] = rank
+        owners[key] = rank
     on_cpu = [topology.describe_rank(r) for r, d in enumerate(everyone) if d is None]
     if owners and on_cpu:
         raise RuntimeError(
@@ -271,6 +282,7 @@ def init_agent_worlds(
     backend: str | None = None,
     agent_timeout_seconds: float = 1800.0,
     use_cpu: bool = False,
+    share_gpus: bool = False,
 ) -> AgentTopology:
     """Split the launch into one torch world per agent plus an exchange group; call before any accelerate state.
 
@@ -285,6 +297,7 @@ def init_agent_worlds(
             accelerate picks for FSDP with CPU offload or full state dicts, and ``gloo`` on CPU.
         agent_timeout_seconds: timeout of each agent's world (``ddp_timeout``), as accelerate would pass it.
         use_cpu: the run trains on CPU (``use_cpu``), whatever GPUs are visible.
+        share_gpus: agents may time-share GPUs (``share_gpus``); an agent's own processes still need one each.
 
     On GPUs, raises if CUDA was initialised before the agent's devices were set, if fewer GPUs are visible than
     the agent has processes on this node, or if two processes of the launch end up on one GPU.
@@ -338,7 +351,7 @@ def init_agent_worlds(
             "accelerate state exists. Create the HACPOConfig (or call init_agent_worlds) before anything else that "
             "touches accelerate (TrainingArguments, Accelerator, PartialState)."
         )
-    placement = place_process(counts)  # done already by hacpo-train, before trl was imported
+    placement = place_process(counts, share_gpus)  # done already by hacpo-train, before trl was imported
     cuda = _uses_cuda(use_cpu)
     if cuda:
         _check_devices_before_use(placement, name)
@@ -380,7 +393,7 @@ def init_agent_worlds(
         device=_device_identity(placement.local_rank) if cuda else None,
     )
     _watch_failures(_TOPOLOGY, _launcher_store(global_rank, world_size, datetime.timedelta(seconds=60), client=True))
-    check_distinct_devices(_TOPOLOGY)
+    check_distinct_devices(_TOPOLOGY, share_gpus)
     return _TOPOLOGY
 
 

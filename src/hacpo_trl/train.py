@@ -134,21 +134,26 @@ def _plot(
 
 
 def _place(recipe: dict, world: int) -> None:
-    """Give this process its agent's GPUs while CUDA cannot have been initialised yet (see `hacpo_trl.placement`).
-    A recipe whose process counts do not fit the launch is left to `check_recipe` to report."""
-    from .placement import place_process, process_counts
+    """Give this process its agent's GPUs and the CUDA allocator's settings while CUDA cannot have been initialised
+    yet (see `hacpo_trl.placement`). A recipe whose process counts do not fit the launch is left to `check_recipe`."""
+    from .placement import place_process, process_counts, set_cuda_allocator, share_gpus
 
     counts = process_counts(recipe)
     if world > 1 and counts is not None and sum(counts) == world:
-        place_process(counts)
+        place_process(counts, share_gpus(recipe))
+    said = set_cuda_allocator(recipe)
+    if said and os.environ.get("RANK", "0") == "0":
+        print(said, file=sys.stderr, flush=True)
 
 
 def _filter_library_warnings(recipe: dict, argv: list[str]) -> None:
     """Hide library warnings a user of this script cannot act on (each one says why)."""
     import warnings
 
-    # TRL 1.16 reads `model.is_gradient_checkpointing`, which transformers 5 deprecates; only a TRL release fixes it.
-    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    # TRL 1.16 reads `model.is_gradient_checkpointing` and calls `gradient_checkpointing_enable/disable` around every
+    # generation, which transformers 5 deprecates (activation_checkpointing_*); only a TRL release fixes it.
+    for name in ("is_gradient_checkpointing", "gradient_checkpointing_enable", "gradient_checkpointing_disable"):
+        warnings.filterwarnings("ignore", message=rf"`{name}` is deprecated", category=FutureWarning)
     if "gradient_checkpointing" not in recipe and not any(a.startswith("--gradient_checkpointing") for a in argv):
         # GRPOConfig's own default sets the deprecated `gradient_checkpointing` field (to True) when the user set
         # neither name; a user who wrote `gradient_checkpointing` still sees the warning telling them the new name.
