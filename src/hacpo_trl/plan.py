@@ -22,12 +22,19 @@ it, term by term against DeepSpeed, TRL 1.16 and the ZeRO paper: docs/reviews/pl
   ``vllm_enable_sleep_mode`` that memory is released for the training passes (TRL sleeps vLLM at level 2), so the
   peak is the larger of the two phases;
 * activations assume the worst case: every row of a forward pass as long as ``vllm_max_model_length`` (or the
-  completion budget plus 1,024 prompt tokens) and every completion at ``max_completion_length``. They are the
+  completion budget plus the longest prompt of the task as the agent's tokenizer and chat template make it; 1,024
+  tokens when the prompts cannot be read) and every completion at ``max_completion_length``. They are the
   checkpointed layer inputs, one decoder layer recomputed (what HF eager saves per token, see
   `layer_bytes_per_token`, plus 50% for backward transients) and TRL 1.16's fused LM head, which never builds the
   (rows x tokens x vocab) logits (see `lm_head_bytes`). HACPO runs ``n_agents x per_device_train_batch_size`` rows
   per forward (own and peer rows), not ``per_device_train_batch_size``;
-* fixed allowances, split: the CUDA context, NCCL communicators and allocator fragmentation (see the constants).
+* without vLLM, transformers' ``generate`` runs a rank's whole generation batch in one call: its KV cache grows to
+  rows x (longest prompt + completion) tokens, in the model's dtype, while the training states are held; the
+  training passes come after it, so the peak is the larger of the two phases;
+* fixed allowances, split: the CUDA context, NCCL communicators (one for the agent's world; a second for its
+  data-parallel traffic when it has several processes) and allocator fragmentation: small with expandable segments
+  (what ``hacpo-train`` sets unless the user chose allocator settings), a few GiB without (see the constants);
+* several agents on one GPU (``share_gpus``) add up: each process's peak, summed over the processes of each GPU.
 
 `error_bar` says how far the peak could be off and why. Not modelled: vLLM's CUDA graphs beyond its profiling
 allowance, tensor parallelism in vLLM, ZeRO offload, ZeRO-3 prefetch buffers, FSDP2's unsharded layer buffers,
@@ -55,8 +62,11 @@ GIB = 1024**3
 CUDA_CONTEXT_GIB = 0.75  # the trainer process's CUDA context + cuBLAS workspaces: 0.5-0.8 GiB on A100/H100
 NCCL_GIB_PER_COMMUNICATOR = 0.7  # 0.5-0.7 GiB per communicator that carries traffic (NVIDIA/nccl#964); more with NVLS
 NCCL_COMMUNICATORS = 2  # the world group (exchange, accelerate gathers) + the agent's data-parallel group (or
-#                         DeepSpeed's clone of the world group)
+#                         DeepSpeed's clone of the world group); 1 for an agent of one process
 FRAGMENTATION_GIB = 3.0  # reserved-but-unallocated memory in variable-length RL: 1-5 GiB is typical (trl#2927)
+# With expandable segments: 0.7 and 0.3 GiB measured for Qwen3-4B / 1.7B shapes on one H200 (LoRA, HF generate).
+# Without them HF generate's growing KV cache made the same 4B agent reserve 71.8 GiB for 15.7 allocated.
+EXPANDABLE_FRAGMENTATION_GIB = 0.75
 SERVER_UTILIZATION = 0.9  # `trl vllm-serve`'s default --gpu_memory_utilization
 QUEUE_FACTOR = 4  # flag a vLLM engine that runs fewer than 1/4 of a generation batch's requests at once
 VLLM_OVERHEAD_GIB = 2.0  # vLLM's profiling activations and CUDA graphs inside its share
@@ -160,7 +170,7 @@ class ModelDims:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """vLLM's bf16 KV cache per token: K and V of every layer."""
+        """vLLM's bf16 KV cache per token: K and V of every layer (transformers' cache is the same in bf16)."""
         return 2 * self.layers * self.kv_heads * self.head_dim * 2
 
 
@@ -178,6 +188,7 @@ class Launch:
     mixed_precision: str | None = None  # "bf16", "fp16", "no"; None when unknown
     gpu_ids: tuple[int, ...] | None = None
     source: str = "assumed"
+    gpus_per_node: int | None = None  # None: the gpu_ids listed, else one per process (read with `share_gpus`)
 
     @property
     def label(self) -> str:
@@ -358,8 +369,11 @@ def memory_per_rank(
     vllm_gib: float,
     on_gpu: bool = True,
     fused_lm_head: bool = True,
+    generation_rows: int = 0,
+    expandable_segments: bool = False,
 ) -> dict[str, float]:
-    """GiB per rank, item by item (see the module docstring for the model behind each line)."""
+    """GiB per rank, item by item (see the module docstring for the model behind each line). ``generation_rows``:
+    rows of transformers' one ``generate`` call per generation batch (0 with vLLM)."""
     p, t, n = dims.params, trainable, n_ranks
     frozen = p - t if lora else 0
     if launch.parallelism == "zero":
@@ -402,13 +416,18 @@ def memory_per_rank(
     if not fused_lm_head:  # TRL < 1.16 materialised the completion logits: bf16 logits + saved log-softmax
         head = rows_per_forward * completion_len * dims.vocab * 4
     items["activations"] = layers + head
+    # transformers' KV cache holds K and V of every layer in the weights' dtype as it runs the generation
+    items["generation KV cache"] = generation_rows * seq_len * dims.kv_bytes_per_token * residual_bytes / 2
     out = {k: v / GIB for k, v in items.items()}
     out["vLLM reservation"] = vllm_gib
     if on_gpu:
         out["CUDA context"] = CUDA_CONTEXT_GIB
-        out["NCCL communicators"] = NCCL_GIB_PER_COMMUNICATOR * NCCL_COMMUNICATORS
-        out["fragmentation allowance"] = FRAGMENTATION_GIB
+        out["NCCL communicators"] = NCCL_GIB_PER_COMMUNICATOR * (NCCL_COMMUNICATORS if n > 1 else 1)
+        out["fragmentation allowance"] = EXPANDABLE_FRAGMENTATION_GIB if expandable_segments else FRAGMENTATION_GIB
     return out
+
+
+PHASES = ("activations", "generation KV cache", "vLLM reservation")  # what is held only part of the step
 
 
 def lm_head_bytes(dims: ModelDims, scored_tokens: int, head_trainable: bool, launch: Launch, w: int) -> float:
@@ -458,13 +477,16 @@ def final_model_bytes(dims: ModelDims, trainable: int, lora: bool, launch: Launc
 
 def error_bar(memory: dict[str, float], layer_gib: float, zero2_grad_gib: float, colocate: bool) -> tuple[float, float]:
     """How far below / above the peak the truth may lie (GiB), from the ranges of the terms the plan cannot pin down:
-    fragmentation 1-5 GiB (allowance 3); NCCL 0.5-0.7 GiB per communicator, up to ~1 GiB more with NVLS on NVSwitch;
-    the CUDA context 0.5-0.8 (0.75); the recomputed layer's backward transients +30-60% (+50%); an older DeepSpeed
-    with one bf16 gradient partition instead of two; vLLM under-reserving its graphs and sampler (<= 0.5 GiB)."""
+    fragmentation 1-5 GiB (allowance 3; 0.3-1 with expandable segments, allowance 0.75); NCCL 0.5-0.7 GiB per
+    communicator, up to ~1 GiB more with NVLS on NVSwitch; the CUDA context 0.5-0.8 (0.75); the recomputed layer's
+    backward transients +30-60% (+50%); an older DeepSpeed with one bf16 gradient partition instead of two; vLLM
+    under-reserving its graphs and sampler (<= 0.5 GiB)."""
     if "fragmentation allowance" not in memory:
         return 0.0, 0.0
-    low = 2.0 + 0.4 + 0.25 + 0.2 * layer_gib + zero2_grad_gib
-    high = 2.0 + 1.0 + 0.05 + 0.1 * layer_gib + (0.5 if colocate else 0.0)
+    expandable = memory["fragmentation allowance"] == EXPANDABLE_FRAGMENTATION_GIB
+    low_frag, high_frag = (0.45, 0.25) if expandable else (2.0, 2.0)
+    low = low_frag + 0.4 + 0.25 + 0.2 * layer_gib + zero2_grad_gib
+    high = high_frag + 1.0 + 0.05 + 0.1 * layer_gib + (0.5 if colocate else 0.0)
     return low, high
 
 
@@ -475,10 +497,13 @@ def make_plan(
     device_gib: float | None = DEVICE_GIB,
     dataset_rows: int | None = None,
     fused_lm_head: bool = True,
+    prompt_tokens: dict[str, int] | None = None,
+    expandable_segments: bool = False,
 ) -> Plan:
     """The whole plan. ``dims`` maps agent name -> its model's dimensions; ``device_gib`` is one GPU's memory
-    (None: CPU); ``fused_lm_head`` is False for a TRL older than 1.16 (materialised logits). ``problems`` lists what
-    will not run; an empty list means the plan passes."""
+    (None: CPU); ``fused_lm_head`` is False for a TRL older than 1.16 (materialised logits); ``prompt_tokens`` maps
+    agent name -> its longest prompt in tokens (missing: 1,024); ``expandable_segments``: the CUDA allocator's
+    setting. ``problems`` lists what will not run; an empty list means the plan passes."""
     specs = recipe["agents"]
     if isinstance(specs, dict):
         specs = [{"name": k, **(v or {})} for k, v in specs.items()]
@@ -492,6 +517,8 @@ def make_plan(
     if on_cpu:
         device_gib = None
     per_node = max(1, world // max(launch.num_machines, 1))
+    shared = bool(recipe.get("share_gpus"))
+    gpus = launch.gpus_per_node or (len(launch.gpu_ids) if launch.gpu_ids else per_node)
     mp = launch.mixed_precision
     if not on_cpu and mp is not None:
         bf16 = recipe.get("bf16")
@@ -520,6 +547,7 @@ def make_plan(
             devices = []
             for g in ranks:
                 node, local = divmod(g, per_node)
+                local = local % gpus if shared else local  # placement's round robin over the node's GPUs
                 gpu = launch.gpu_ids[local] if launch.gpu_ids and local < len(launch.gpu_ids) else local
                 devices.append(f"node {node} GPU {gpu}" if launch.num_machines > 1 else f"GPU {gpu}")
         d = dims[name]
@@ -531,7 +559,8 @@ def make_plan(
         load_bytes = _dtype_bytes(init.get("dtype"), 4)
         beta = float(_get(recipe, spec, "beta", 0.0))
         max_len = _get(recipe, spec, "vllm_max_model_length")
-        seq = int(max_len) if max_len else completion + DEFAULT_PROMPT_TOKENS
+        prompt = (prompt_tokens or {}).get(name)
+        seq = int(max_len) if max_len else completion + (prompt if prompt is not None else DEFAULT_PROMPT_TOKENS)
         util = float(_get(recipe, spec, "vllm_gpu_memory_utilization", 0.3))
         colocate = use_vllm and vllm_mode == "colocate" and not on_cpu
         vllm_gib = util * device_gib if colocate and device_gib else 0.0
@@ -550,13 +579,15 @@ def make_plan(
             vllm_gib,
             on_gpu=not on_cpu,
             fused_lm_head=fused_lm_head,
+            generation_rows=0 if use_vllm or on_cpu else int(batch["own_completions_per_rank"]),
+            expandable_segments=expandable_segments,
         )
         sleep = bool(_get(recipe, spec, "vllm_enable_sleep_mode", False))
-        states = sum(v for k, v in memory.items() if k not in ("activations", "vLLM reservation"))
+        states = sum(v for k, v in memory.items() if k not in PHASES)
         if sleep and colocate:
             peak = states + max(memory["activations"], vllm_gib)
-        else:
-            peak = states + memory["activations"] + vllm_gib
+        else:  # transformers' generation (its KV cache) and the training passes take turns
+            peak = states + max(memory["activations"], memory["generation KV cache"]) + vllm_gib
         server = use_vllm and vllm_mode == "server" and not on_cpu
         vllm: dict[str, float] = {}
         if (colocate or server) and device_gib:
@@ -674,6 +705,15 @@ def make_plan(
         )
         schedules.append((batch["prompts_per_generation"], batch["updates_per_generation"]))
 
+    if shared and device_gib is not None:
+        _check_shared_gpus(agents, recipe, device_gib, problems, notes)
+    if not on_cpu and not expandable_segments:
+        notes.append(
+            "the CUDA allocator runs without expandable segments (PYTORCH_CUDA_ALLOC_CONF says otherwise, or vLLM's "
+            "sleep mode needs its memory pool): its reserved memory can be several times the allocation (71.8 GiB "
+            f"reserved for 15.7 allocated, a 4B LoRA agent with transformers' generate), beyond the {FRAGMENTATION_GIB:g} "
+            "GiB allowed here"
+        )
     if recipe.get("peer_filter") == "correct":
         notes.append("peer_filter 'correct': peer rows and rows per forward pass are upper bounds")
     if len({s for s in schedules}) > 1:
@@ -685,6 +725,49 @@ def make_plan(
         a.batch["peak_disk_gib"] = a.checkpoint_gib * schedule.get("checkpoints_on_disk_at_once", 0) + a.final_model_gib
     schedule["peak_disk_gib"] = sum(a.batch["peak_disk_gib"] for a in agents)
     return Plan(agents, launch, device_gib, schedule, problems, notes)
+
+
+def _check_shared_gpus(
+    agents: list[AgentPlan], recipe: dict, device_gib: float, problems: list[str], notes: list[str]
+) -> None:
+    """Agents that time-share a GPU (``share_gpus``) must fit it together: each process's peak, summed (the caching
+    allocator keeps what a process reserved while the other runs). With colocated vLLM each engine asks, when it
+    starts, for its ``vllm_gpu_memory_utilization`` of the whole device as free memory, next to what the other
+    processes already hold; the plan says which share fits."""
+    on: dict[str, list[tuple[AgentPlan, float]]] = {}
+    for a in agents:
+        for device in a.devices:
+            on.setdefault(device, []).append((a, a.peak_gib))
+    for device, held in on.items():
+        if len(held) < 2:
+            continue
+        total = sum(p for _, p in held)
+        names = ", ".join(f"{a.name} {p:.1f}" for a, p in held)
+        if total > device_gib:
+            problems.append(
+                f"{device} is shared by {len(held)} processes (share_gpus) whose peaks add up to {total:.1f} GiB "
+                f"({names}), more than its {device_gib:.1f} GiB"
+            )
+        else:
+            notes.append(f"{device} is shared (share_gpus): {names} GiB, {total:.1f} of {device_gib:.1f} GiB together")
+        engines = [(a, a.vllm["engine_gib"]) for a, _ in held if a.vllm.get("mode") == "colocate"]
+        if engines:
+            others = sum(sum(v for k, v in a.memory.items() if k not in PHASES) for a, _ in held)
+            free = device_gib - others
+            share = math.floor(100 * free / device_gib / len(engines)) / 100
+            asked = sum(e for _, e in engines)
+            if asked > free:
+                problems.append(
+                    f"{device}: the colocated vLLM engines of {', '.join(a.name for a, _ in engines)} ask for "
+                    f"{asked:.1f} GiB together but about {free:.1f} GiB is left beside the processes' weights and "
+                    f"optimizer states; give each vllm_gpu_memory_utilization <= {share:.2f} (vLLM refuses to start "
+                    "when less memory is free than its share of the device)"
+                )
+            else:
+                notes.append(
+                    f"{device}: colocated vLLM engines {asked:.1f} GiB of the {free:.1f} GiB left beside the training "
+                    f"states; each may take up to vllm_gpu_memory_utilization {share:.2f}"
+                )
 
 
 def _schedule(recipe: dict, batch: dict, dataset_rows: int | None, problems: list[str], notes: list[str]) -> dict:

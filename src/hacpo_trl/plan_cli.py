@@ -60,8 +60,11 @@ def model_config(name_or_path: str) -> dict:
 def _builtin_config(name: str) -> dict:
     """The demo agent's architecture, from an untrained copy (tiny: no warm start, nothing cached)."""
     from .demo import BUILTIN_AGENTS
+    from .shapes import SHAPES, shape_config
     from .tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
 
+    if name in SHAPES:
+        return shape_config(name).to_dict()
     if name not in BUILTIN_AGENTS:
         raise ValueError(f"unknown built-in agent {name!r}; available: {sorted(BUILTIN_AGENTS)}")
     spec = BUILTIN_AGENTS[name]
@@ -100,6 +103,59 @@ def _dataset_rows(recipe: dict) -> int | None:
     return DATASET_ROWS.get(recipe.get("dataset_name"))
 
 
+def _tokenizer(name_or_path: str):
+    """An agent's tokenizer without building or downloading its model (None where it cannot be had offline)."""
+    from transformers import AutoTokenizer
+
+    from .tiny import bpe_tokenizer, char_tokenizer
+
+    if name_or_path.startswith("builtin:"):
+        from .demo import BUILTIN_AGENTS
+        from .shapes import SHAPES
+
+        name = name_or_path.split(":", 1)[1]
+        if name in SHAPES:
+            return bpe_tokenizer()
+        if name in BUILTIN_AGENTS:
+            return char_tokenizer() if BUILTIN_AGENTS[name].architecture == "llama" else bpe_tokenizer()
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+
+
+def prompt_tokens(recipe: dict, specs) -> tuple[dict[str, int], list[str]]:
+    """Each agent's longest training prompt in tokens, as its chat template makes it, for a built-in task; and a
+    note for every agent whose prompts could not be measured (the plan then allows 1,024 tokens)."""
+    from .tasks import TASKS
+
+    task = recipe.get("task", "arithmetic")
+    found: dict[str, int] = {}
+    missing: list[str] = []
+    prompts = list(TASKS[task]()["train"]["prompt"]) if task in TASKS else None
+    for spec in specs:
+        tok = _tokenizer(spec.model_name_or_path) if prompts is not None else None
+        if tok is None or not getattr(tok, "chat_template", None):
+            missing.append(spec.name)
+            continue
+        kwargs = spec.chat_template_kwargs or recipe.get("chat_template_kwargs") or {}
+        try:
+            ids = tok.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True, **kwargs)["input_ids"]
+        except Exception:  # a template that needs other messages or arguments: the plan's allowance instead
+            missing.append(spec.name)
+            continue
+        found[spec.name] = max(len(i) for i in ids)
+    notes = []
+    if missing and not recipe.get("vllm_max_model_length"):
+        why = f"task {task!r} is not built in" if prompts is None else "no tokenizer with a chat template offline"
+        notes.append(
+            f"prompt length not measured for {', '.join(map(repr, missing))} ({why}): the plan allows 1,024 prompt "
+            "tokens; set vllm_max_model_length to the longest prompt + max_completion_length to size it"
+        )
+    return found, notes
+
+
 def _recipe_accelerate_config(recipe: dict, recipe_path: str) -> str | None:
     """The recipe's own ``accelerate_config`` key: a path as given (from the working directory), else relative to
     the folder above the recipe's (recipes/ and accelerate_configs/ sit side by side)."""
@@ -115,10 +171,15 @@ def build_plan(
     accelerate_config: str | None,
     gpu_memory_gib: float | None = DEVICE_GIB,
     dataset_rows: int | None = None,
+    gpus_per_node: int | None = None,
+    environ=os.environ,
 ):
     """The `hacpo_trl.plan.Plan` of a recipe (as `load_recipe` reads it) under an accelerate config file (or the
     launch environment). Raises RecipeError, ValueError or OSError when an input cannot be read."""
+    import dataclasses
+
     from .config import _as_specs, check_vllm_servers, vllm_servers
+    from .placement import allocator_expandable, node_gpu_count, share_gpus
 
     if accelerate_config:
         if not os.path.isfile(accelerate_config):
@@ -131,14 +192,31 @@ def build_plan(
             source="assumed: no --accelerate_config and no launch environment",
         )
     check_recipe(recipe, num_processes=launch.num_processes)
+    shared = share_gpus(recipe)
+    assumed = shared and not gpus_per_node and not launch.gpu_ids and not node_gpu_count()
+    if shared and not launch.gpu_ids:  # the placement's round robin needs the node's GPU count
+        gpus_per_node = gpus_per_node or node_gpu_count() or 1
+    if gpus_per_node:
+        launch = dataclasses.replace(launch, gpus_per_node=gpus_per_node)
     specs = _as_specs(recipe["agents"])
     check_vllm_servers(specs, recipe)
     dims = {s.name: ModelDims.from_config(model_config(s.model_name_or_path)) for s in specs}
     rows = dataset_rows if dataset_rows is not None else _dataset_rows(recipe)
     agents = [{k: v for k, v in vars(s).items() if v is not None} for s in specs]
+    prompts, notes = prompt_tokens(recipe, specs)
     plan = make_plan(
-        {**_defaults(), **recipe, "agents": agents}, dims, launch, gpu_memory_gib, rows, _trl_fuses_lm_head()
+        {**_defaults(), **recipe, "agents": agents},
+        dims,
+        launch,
+        gpu_memory_gib,
+        rows,
+        _trl_fuses_lm_head(),
+        prompt_tokens=prompts,
+        expandable_segments=allocator_expandable(recipe, environ),
     )
+    plan.notes.extend(notes)
+    if assumed:
+        plan.notes.append("share_gpus: the plan assumes one GPU per node (no GPU here); pass --gpus_per_node N")
     for name, (url, port) in vllm_servers(specs, recipe).items():
         plan.notes.append(
             f"agent {name!r} generates on the vLLM server {url} (weight-sync port {port}): start it on its own "
@@ -162,11 +240,14 @@ def main(argv: list[str]) -> int:
         help=f"memory torch can use on one GPU (80 GB cards: {DEVICE_GIB}; torch.cuda.mem_get_info()[1] / 2**30)",
     )
     parser.add_argument("--dataset_rows", type=int, default=None, help="prompts in the training split")
+    parser.add_argument(
+        "--gpus_per_node", type=int, default=None, help="GPUs of each node the agents share (with share_gpus)"
+    )
     args, rest = parser.parse_known_args(argv)
     try:
         recipe = load_recipe(args.config, rest)
         accelerate_config = args.accelerate_config or _recipe_accelerate_config(recipe, args.config)
-        plan = build_plan(recipe, accelerate_config, args.gpu_memory_gib, args.dataset_rows)
+        plan = build_plan(recipe, accelerate_config, args.gpu_memory_gib, args.dataset_rows, args.gpus_per_node)
     except (RecipeError, ValueError, OSError) as exc:
         print(f"hacpo-train --plan: error: {exc}", file=sys.stderr)
         return 2
