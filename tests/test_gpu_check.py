@@ -100,7 +100,9 @@ def test_report_of_the_4b_recipe_by_hand():
 
 def test_hacpo_over_gspo_time_per_generation_batch():
     def report(*seconds):
-        return {"agents": {a: {"seconds_per_batch_after_first": s} for a, s in zip(("q4b", "q17b"), seconds)}}
+        return {
+            "agents": {a: {"seconds_per_batch_after_first": s} for a, s in zip(("q4b", "q17b"), seconds, strict=True)}
+        }
 
     reports = {"gspo": report(43.0, 43.0), "hacpo": report(48.0, 47.3)}
     lines = gpu_check.compare(reports, {"gspo": False, "hacpo": True})
