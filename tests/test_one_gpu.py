@@ -151,3 +151,31 @@ def test_trls_deprecated_checkpointing_calls_are_quiet_under_hacpo_train():
         warnings.simplefilter("always")
         _filter_library_warnings({}, [])
         assert toggled() == []
+
+
+def test_a_model_shape_builds_once_into_the_cache(tmp_path, monkeypatch):
+    """The stand-ins' build, on a shape small enough for a test: Qwen3, bf16, tied, the BPE tokenizer and its ChatML
+    template, reused from the cache; the real shapes' configs are the published ones."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hacpo_trl import shapes
+    from hacpo_trl.demo import resolve_model
+    from hacpo_trl.plan_cli import model_config
+
+    monkeypatch.setenv("HACPO_CACHE", str(tmp_path))
+    monkeypatch.setitem(shapes.SHAPES, "test-shape", shapes.Shape(32, 2, 4, 2, 8, 64, seed=3))
+    folder = resolve_model("builtin:test-shape")
+    assert resolve_model("builtin:test-shape") == folder and folder.startswith(str(tmp_path))
+    model, tok = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    assert type(model).__name__ == "Qwen3ForCausalLM" and str(model.dtype) == "torch.bfloat16"
+    assert model.config.tie_word_embeddings and model.config.vocab_size == len(tok) == 320
+    assert model.generation_config.eos_token_id == tok.eos_token_id and "<|im_start|>" in tok.chat_template
+    four = ModelDims.from_config(model_config("builtin:qwen3-4b-shape"))
+    assert (four.hidden, four.layers, four.heads, four.kv_heads, four.head_dim, four.intermediate) == (
+        2560, 36, 32, 8, 128, 9728
+    )  # fmt: skip
+    assert four.params - 320 * 2560 == 4_022_468_096 - 151936 * 2560  # Qwen3-4B but for the vocabulary
+    small = ModelDims.from_config(model_config("builtin:qwen3-1.7b-shape"))
+    assert small.params - 320 * 2048 == 1_720_574_976 - 151936 * 2048
+    with pytest.raises(ValueError, match="unknown model shape 'qwen3-8b-shape'"):
+        shapes.build_shape("qwen3-8b-shape")
