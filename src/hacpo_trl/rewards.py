@@ -19,12 +19,14 @@ from .retokenize import completion_text
 
 __all__ = [
     "REWARD_FUNCS",
+    "TASK_REWARDS",
     "arithmetic_exact_match",
     "arithmetic_trace_answer",
     "boxed_format",
     "get_reward_funcs",
     "last_boxed",
     "math_verify_boxed",
+    "task_reward_funcs",
 ]
 
 
@@ -112,6 +114,27 @@ REWARD_FUNCS: dict[str, Callable] = {
     "arithmetic_exact": arithmetic_exact_match,
     "arithmetic_trace": arithmetic_trace_answer,
 }
+
+
+# The reward each task is graded by: a recipe without `reward_funcs` trains on it (a reward that does not fit the
+# task's answers scores every completion 0, and the run learns nothing without saying why).
+TASK_REWARDS: dict[str, str] = {
+    "arithmetic": "arithmetic_exact",
+    "arithmetic_trace": "arithmetic_trace",
+    "arithmetic_trace_bracket": "arithmetic_trace",
+    "math": "math_verify",
+}
+
+
+def task_reward_funcs(task: str) -> list[str]:
+    """The reward names a recipe of ``task`` trains on when it names none (`TASK_REWARDS`); a task without a reward
+    of its own (``dataset``: any columns) must name one."""
+    if task not in TASK_REWARDS:
+        raise ValueError(
+            f"task {task!r} has no reward of its own: set `reward_funcs` to one of {sorted(REWARD_FUNCS)} or an "
+            "import path such as `my_package.rewards:my_reward`"
+        )
+    return [TASK_REWARDS[task]]
 
 
 def get_reward_funcs(names: list[str] | str) -> list[Callable]:
@@ -204,3 +227,4 @@ def _module_files(module_name: str) -> list[tuple[str, str]]:
             if os.path.isfile(os.path.join(root, candidate)):
                 found.append((root, os.path.join(root, candidate)))
     return found
+
