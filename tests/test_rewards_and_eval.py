@@ -10,6 +10,7 @@ from hacpo_trl.rewards import (
     get_reward_funcs,
     last_boxed,
     math_verify_boxed,
+    no_reward_warning,
 )
 from hacpo_trl.tasks import arithmetic_splits
 
@@ -121,6 +122,19 @@ def test_reward_path_to_a_module_whose_own_import_fails(tmp_path, monkeypatch, s
     line = source.count("\n")  # the failing statement is the source's last line
     assert f"importing module '{name}' failed at {tmp_path / name}.py:{line}: {error}" in message
     assert "not on the import path" not in message and "no module" not in message
+
+
+def test_a_generation_batch_warns_only_when_every_completion_of_every_agent_scored_0():
+    names = ["arithmetic_exact_match"]
+    assert no_reward_warning({"a": [0.0, 1.0], "b": [0.0, 0.0]}, names) is None  # one correct completion: signal
+    assert no_reward_warning({"a": [0.0, 0.0], "b": [0.0, -0.5]}, names) is None  # non-binary rewards still differ
+    assert no_reward_warning({}, names) is None
+    text = no_reward_warning({"a": [0.0] * 64, "b": [0.0] * 32}, names)
+    assert text.startswith(
+        "every completion of every agent scored 0 in this generation batch (a: 64, b: 32 completions) with reward "
+        "functions ['arithmetic_exact_match']: no agent gets a learning signal"
+    )
+    assert "arithmetic_trace -> arithmetic_trace" in text  # the likely cause: a reward that does not fit the task
 
 
 def test_arithmetic_splits_are_disjoint_and_reproducible():

@@ -26,6 +26,7 @@ __all__ = [
     "get_reward_funcs",
     "last_boxed",
     "math_verify_boxed",
+    "no_reward_warning",
     "task_reward_funcs",
 ]
 
@@ -228,3 +229,17 @@ def _module_files(module_name: str) -> list[tuple[str, str]]:
                 found.append((root, os.path.join(root, candidate)))
     return found
 
+
+def no_reward_warning(step_rewards: dict[str, list[float]], reward_names: list[str]) -> str | None:
+    """The warning for a generation batch in which every completion of every agent scored 0 (``step_rewards``:
+    each agent's rewards of the batch over all its ranks), else None. No agent then gets a learning signal, and the
+    usual cause is a reward that does not fit the task's answers, which nothing else reports."""
+    if not step_rewards or any(x != 0 for rewards in step_rewards.values() for x in rewards):
+        return None
+    counts = ", ".join(f"{agent}: {len(rewards)}" for agent, rewards in step_rewards.items())
+    own = ", ".join(f"{task} -> {reward}" for task, reward in TASK_REWARDS.items())
+    return (
+        f"every completion of every agent scored 0 in this generation batch ({counts} completions) with "
+        f"reward functions {list(reward_names)}: no agent gets a learning signal from it. Check that the reward fits the "
+        f"task's answers (the built-in tasks' own rewards: {own}) and that the agents solve some problems"
+    )
