@@ -2,6 +2,7 @@
 with exactly one `hacpo-train: error:` line naming the problem, however the two ranks of a launch race."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -204,6 +205,19 @@ def test_help_leads_with_the_recipe_workflow_without_importing_trl():
         assert reward in out, reward
     assert "--peer_delta" in out and "--alpha" in out  # HACPO's own settings, read from HACPOConfig's source
     assert len(out.splitlines()) < 120 and out.strip().endswith("trl imported: False")
+
+
+def test_help_points_to_readme_sections_that_exist_and_quotes_the_plans_card_memory(capsys):
+    from hacpo_trl.plan import DEVICE_GIB
+    from hacpo_trl.train import main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    sentence = out.split("see README", 1)[1].split(".\n", 1)[0]
+    named = re.findall(r'"([^"]+)"', sentence)
+    headings = {line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines() if line[:1] == "#"}
+    assert named and all(name in headings for name in named), (named, sorted(headings))
+    assert f"(80 GB cards: {DEVICE_GIB})" in out  # what --plan assumes without --gpu_memory_gib
 
 
 def test_curves_after_one_generation_batch_show_markers_and_held_out_accuracy(tmp_path, monkeypatch):

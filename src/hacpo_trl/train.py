@@ -14,6 +14,8 @@ import json
 import os
 import sys
 
+from .plan import DEVICE_GIB  # what --plan assumes of an 80 GB card, quoted in --help
+
 # Recipe reading and checking live in `hacpo_trl.recipe`; the names are re-exported here for existing callers.
 from .recipe import (
     HACPOScriptArguments,
@@ -155,7 +157,7 @@ def _filter_library_warnings(recipe: dict, argv: list[str]) -> None:
         warnings.filterwarnings("ignore", message=r"`gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
-_WORKFLOW = """usage: hacpo-train --config RECIPE [--key value ...]
+_WORKFLOW = f"""usage: hacpo-train --config RECIPE [--key value ...]
        hacpo-train --config RECIPE --plan [--accelerate_config FILE] [--gpu_memory_gib GIB]
        accelerate launch --config_file accelerate_configs/cpu_2agents.yaml -m hacpo_trl.train --config RECIPE
 
@@ -167,12 +169,13 @@ recipe workflow:
   --plan                   check the launch on paper (memory per GPU, batch arithmetic), loading no weights
   --accelerate_config FILE (with --plan) the accelerate config the run will be launched with; default: the
                            recipe's `accelerate_config` key, else the launch environment
-  --gpu_memory_gib GIB     (with --plan) memory of one GPU (80 GB cards: 79.6)
+  --gpu_memory_gib GIB     (with --plan) memory of one GPU (80 GB cards: {DEVICE_GIB})
   --overwrite_output_dir   train into an output folder that already holds a run (refused otherwise)
   --help-all               every field of TRL's GRPOConfig and transformers' TrainingArguments as well
 
-agents (recipe key): a list of {name, model_name_or_path (Hub id, local folder or builtin:<name>),
-  num_processes, learning_rate, lora, output_dir, ...}; see README "Recipes".
+agents (recipe key): a list of {{name, model_name_or_path (Hub id, local folder or builtin:<name>),
+  num_processes, learning_rate, lora, output_dir, ...}}; see README "Train your own agents" (CPU) and
+  "GPU recipes (the paper's settings)".
 """
 
 
