@@ -78,7 +78,8 @@ class HACPOScriptArguments:
         default=None,
         metadata={
             "help": "Reward names (arithmetic_exact, arithmetic_trace, math_verify, boxed_format) or import paths "
-            "'module:function'; none: the task's own (arithmetic_exact, arithmetic_trace, math_verify)."
+            "'module:function'; None: the task's own (arithmetic -> arithmetic_exact, arithmetic_trace -> arithmetic_trace, "
+            "math -> math_verify)."
         },
     )
     eval_samples: int = field(default=300, metadata={"help": "Held-out problems to evaluate before and after."})
