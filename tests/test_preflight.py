@@ -2,6 +2,7 @@
 with exactly one `hacpo-train: error:` line naming the problem, however the two ranks of a launch race."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,7 +90,7 @@ def test_the_good_recipe_passes_and_a_negative_flag_becomes_a_value():
     ]
 
 
-def _launch(tmp: Path, change, flags, size) -> subprocess.Popen:
+def _launch(tmp: Path, change, flags, size, combined: bool = False) -> subprocess.Popen:
     path = _write(tmp, change)
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch",
@@ -98,13 +99,22 @@ def _launch(tmp: Path, change, flags, size) -> subprocess.Popen:
         "-m", "hacpo_trl.train", "--config", str(path), *flags,
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HACPO_ERROR_WAIT": "120"}
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    stderr = subprocess.STDOUT if combined else subprocess.PIPE
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+
+
+def _first_and_last(output: str) -> tuple[list[str], str]:
+    """The `hacpo-train: error:` lines before the launcher's traceback, and the last non-empty line of all."""
+    before = output.split("Traceback (most recent call last)")[0]
+    errors = [line for line in before.splitlines() if "hacpo-train: error:" in line]
+    return errors, ([line for line in output.splitlines() if line.strip()] or [""])[-1]
 
 
 def test_every_bad_input_gives_one_line_in_a_real_two_process_launch(tmp_path):
     """Every case of the table launched for real (the racy ones three times), four launches at a time: each exits
     with the launcher's status 1 (a child exited 2) and prints exactly one `hacpo-train: error:` line naming the
-    problem. The other ranks wait for the launcher's stop instead of exiting first (see `hacpo_trl.train.refuse`)."""
+    problem before the launcher's traceback, and the same line once more after it, as the last line. The other
+    ranks wait for the launcher's stop instead of exiting first (see `hacpo_trl.train.refuse`)."""
     runs = [(c, i) for c in CASES for i in range(3 if c[0] in RACY else 1)]
     failures, pending = [], list(runs)
     while pending:
@@ -117,14 +127,33 @@ def test_every_bad_input_gives_one_line_in_a_real_two_process_launch(tmp_path):
         for name, expected, proc in started:
             _, err = proc.communicate(timeout=600)
             lines = [line for line in err.splitlines() if "hacpo-train: error:" in line]
+            first, last = _first_and_last(err)
             if (
                 proc.returncode != 1
-                or len(lines) != 1
-                or expected not in lines[0]
+                or len(first) != 1
+                or expected not in first[0]
+                or lines != [first[0], first[0]]
+                or last != first[0]
                 or "Traceback" in err.split("hacpo-train: error:")[0]
             ):
                 failures.append((name, proc.returncode, lines, err[-1500:]))
     assert not failures, failures
+
+
+def test_an_error_after_the_agent_worlds_are_split_is_printed_once_and_last(tmp_path):
+    """`solo_steps_per_generation` is checked by `HACPOConfig`, after the launch is split into agent worlds, where
+    every agent has a rank 0 (RANK is agent-local): both agents printed the line, and the other agent, stopped by
+    the launcher, added a line blaming no one. Now: the line once from the ranks, once more as the last line of the
+    combined output (after the launcher's traceback), nothing else of ours."""
+    proc = _launch(tmp_path, {}, ["--solo_steps_per_generation", "3"], 2, combined=True)
+    out, _ = proc.communicate(timeout=600)
+    first, last = _first_and_last(out)
+    expected = "hacpo-train: error: `solo_steps_per_generation` must be an integer >= 1 that divides"
+    assert proc.returncode == 1, out[-3000:]
+    assert len(first) == 1 and first[0].startswith(expected), out[-3000:]
+    assert last == first[0], out[-3000:]
+    ours = [line for line in out.splitlines() if line.startswith(("hacpo-train:", "hacpo:"))]
+    assert ours == [first[0], first[0]], out[-3000:]
 
 
 def test_an_output_folder_holding_a_run_is_refused_unless_overwrite_or_resume(tmp_path):
@@ -176,6 +205,19 @@ def test_help_leads_with_the_recipe_workflow_without_importing_trl():
         assert reward in out, reward
     assert "--peer_delta" in out and "--alpha" in out  # HACPO's own settings, read from HACPOConfig's source
     assert len(out.splitlines()) < 120 and out.strip().endswith("trl imported: False")
+
+
+def test_help_points_to_readme_sections_that_exist_and_quotes_the_plans_card_memory(capsys):
+    from hacpo_trl.plan import DEVICE_GIB
+    from hacpo_trl.train import main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    sentence = out.split("see README", 1)[1].split(".\n", 1)[0]
+    named = re.findall(r'"([^"]+)"', sentence)
+    headings = {line.lstrip("#").strip() for line in (ROOT / "README.md").read_text().splitlines() if line[:1] == "#"}
+    assert named and all(name in headings for name in named), (named, sorted(headings))
+    assert f"(80 GB cards: {DEVICE_GIB})" in out  # what --plan assumes without --gpu_memory_gib
 
 
 def test_curves_after_one_generation_batch_show_markers_and_held_out_accuracy(tmp_path, monkeypatch):

@@ -65,6 +65,17 @@ def test_one_bar_one_line_per_logging_step_and_no_warnings_of_ours(tmp_path, bui
     assert not [w for w in warnings if "gradient_checkpointing" in w], warnings
 
 
+def test_a_run_in_which_no_agent_scores_warns_once(tmp_path, builtin_cache):
+    """The short-answer task graded by the worked-solution reward (no completion writes `so N`): every completion of
+    both agents scores 0 in both generation batches, and the console says so once, from global rank 0."""
+    proc = _demo(tmp_path / "run", "--reward_funcs", "arithmetic_trace")
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    warned = [line for line in proc.stderr.splitlines() if "every completion of every agent scored 0" in line]
+    assert len(warned) == 1, proc.stderr[-5000:]
+    assert "(tiny-llama: 64, tiny-qwen2: 64 completions)" in warned[0]
+    assert "reward functions ['arithmetic_trace_answer']" in warned[0]
+
+
 def test_an_error_on_another_rank_still_reaches_the_console(tmp_path, builtin_cache, monkeypatch):
     """Global rank 1 is quiet, but not about its own failure."""
     (tmp_path / "rank1_reward.py").write_text(

@@ -1,5 +1,7 @@
 """Rewards (math-verify boxed answers, format, arithmetic), the registry, the built-in task and evaluation."""
 
+import importlib
+
 import pytest
 
 from hacpo_trl.rewards import (
@@ -8,6 +10,7 @@ from hacpo_trl.rewards import (
     get_reward_funcs,
     last_boxed,
     math_verify_boxed,
+    no_reward_warning,
 )
 from hacpo_trl.tasks import arithmetic_splits
 
@@ -48,10 +51,90 @@ def test_registry_by_name_and_import_path():
     assert get_reward_funcs(["hacpo_trl.rewards.arithmetic_exact_match"]) == [arithmetic_exact_match]
     with pytest.raises(ValueError, match="unknown reward function 'nope'"):
         get_reward_funcs(["nope"])
-    with pytest.raises(ValueError, match="unknown reward function 'os:nothing_here'"):
+    with pytest.raises(ValueError, match="module 'os' .* has no function 'nothing_here'"):
         get_reward_funcs(["os:nothing_here"])
     with pytest.raises(ValueError, match="at least one"):
         get_reward_funcs([])
+
+
+# An import path that does not load: four causes, four fixes, four messages (docs/reviews/newcomer-t4.md). Each test
+# uses its own module name, as a module once imported stays in `sys.modules`.
+
+
+def test_reward_path_to_a_module_that_exists_nowhere(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as info:
+        get_reward_funcs(["hacpo_nowhere_rewards:score"])
+    message = str(info.value)
+    assert "no module 'hacpo_nowhere_rewards'" in message
+    assert "ModuleNotFoundError: No module named 'hacpo_nowhere_rewards'" in message
+    assert f"no file for it in the working directory {tmp_path}" in message
+    assert "unknown reward function" not in message
+
+
+def test_reward_path_to_a_module_on_disk_but_not_on_the_import_path(tmp_path, monkeypatch):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "hacpo_offpath_rewards.py").write_text("def score(completions, **kw):\n    return []\n")
+    monkeypatch.chdir(tmp_path)
+    importlib.invalidate_caches()
+    with pytest.raises(ValueError) as info:
+        get_reward_funcs(["hacpo_offpath_rewards:score"])
+    message = str(info.value)
+    folder = tmp_path / "recipes"
+    assert f"module 'hacpo_offpath_rewards' is at {folder / 'hacpo_offpath_rewards.py'}" in message
+    assert f"but {folder} is not on the import path" in message
+    assert f"`PYTHONPATH={folder}` in front of the command" in message
+    monkeypatch.syspath_prepend(str(folder))  # the fix the message gives
+    assert get_reward_funcs(["hacpo_offpath_rewards:score"])[0]([]) == []
+
+
+def test_reward_path_to_a_module_without_that_function(tmp_path, monkeypatch):
+    (tmp_path / "hacpo_nofunc_rewards.py").write_text(
+        "import math\nTHRESHOLD = 2\n\ndef score(completions, **kw):\n    return []\n\n"
+        "def _private():\n    pass\n\nclass Scorer:\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError) as info:
+        get_reward_funcs(["hacpo_nofunc_rewards:scores"])
+    message = str(info.value)
+    assert f"module 'hacpo_nofunc_rewards' ({tmp_path / 'hacpo_nofunc_rewards.py'}) has no function 'scores'" in message
+    assert message.endswith("its callables: Scorer, score; did you mean 'score'?")  # own public callables only
+    with pytest.raises(ValueError, match=r"no function 'THRESHOLD' \(of type int, not a function\)"):
+        get_reward_funcs(["hacpo_nofunc_rewards.THRESHOLD"])
+
+
+@pytest.mark.parametrize(
+    "source, error",
+    [
+        ("import hacpo_no_such_dependency\n", "ModuleNotFoundError: No module named 'hacpo_no_such_dependency'"),
+        ("from os import no_such_name\n", "ImportError: cannot import name 'no_such_name' from 'os'"),
+        ("x = 1\nraise RuntimeError('reward table missing')\n", "RuntimeError: reward table missing"),
+    ],
+    ids=["missing_dependency", "bad_from_import", "raises"],
+)
+def test_reward_path_to_a_module_whose_own_import_fails(tmp_path, monkeypatch, source, error, request):
+    name = f"hacpo_broken_rewards_{request.node.callspec.id}"
+    (tmp_path / f"{name}.py").write_text(source + "\ndef score(completions, **kw):\n    return []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError) as info:
+        get_reward_funcs([f"{name}:score"])
+    message = str(info.value)
+    line = source.count("\n")  # the failing statement is the source's last line
+    assert f"importing module '{name}' failed at {tmp_path / name}.py:{line}: {error}" in message
+    assert "not on the import path" not in message and "no module" not in message
+
+
+def test_a_generation_batch_warns_only_when_every_completion_of_every_agent_scored_0():
+    names = ["arithmetic_exact_match"]
+    assert no_reward_warning({"a": [0.0, 1.0], "b": [0.0, 0.0]}, names) is None  # one correct completion: signal
+    assert no_reward_warning({"a": [0.0, 0.0], "b": [0.0, -0.5]}, names) is None  # non-binary rewards still differ
+    assert no_reward_warning({}, names) is None
+    text = no_reward_warning({"a": [0.0] * 64, "b": [0.0] * 32}, names)
+    assert text.startswith(
+        "every completion of every agent scored 0 in this generation batch (a: 64, b: 32 completions) with reward "
+        "functions ['arithmetic_exact_match']: no agent gets a learning signal"
+    )
+    assert "arithmetic_trace -> arithmetic_trace" in text  # the likely cause: a reward that does not fit the task
 
 
 def test_arithmetic_splits_are_disjoint_and_reproducible():

@@ -63,6 +63,29 @@ def test_bad_recipes_name_the_key(change, match):
         check_recipe({**GOOD, **change})
 
 
+def test_a_recipe_without_reward_funcs_is_graded_by_its_tasks_own_reward(tmp_path):
+    """Without `reward_funcs`, a recipe used to get the short-answer reward whatever its task: a correct worked
+    solution of `arithmetic_trace` scored 0, and the run trained at reward 0 without a word. Each task's own now."""
+    from trl import TrlParser
+
+    from hacpo_trl.rewards import get_reward_funcs
+    from hacpo_trl.tasks import trace_solution
+    from hacpo_trl.train import HACPOScriptArguments
+
+    correct = {"arithmetic": "632", "arithmetic_trace": trace_solution(347, 285), "math": r"so \boxed{632}"}
+    unnamed = {k: v for k, v in GOOD.items() if k != "reward_funcs"}
+    for task, completion in correct.items():
+        path = tmp_path / f"{task}.yaml"
+        path.write_text(yaml.safe_dump({"task": task}))
+        (args,) = TrlParser((HACPOScriptArguments,)).parse_args_and_config(["--config", str(path)])
+        assert get_reward_funcs(args.reward_funcs)[0]([completion], answer=["632"]) == [1.0], (task, args)
+        check_recipe({**unnamed, "task": task})
+    assert HACPOScriptArguments(task="arithmetic_trace").reward_funcs == ["arithmetic_trace"]
+    assert HACPOScriptArguments(task="arithmetic_trace", reward_funcs=["boxed_format"]).reward_funcs == ["boxed_format"]
+    with pytest.raises(RecipeError, match=r"task 'dataset' has no reward of its own: set `reward_funcs`"):
+        check_recipe({**unnamed, "task": "dataset", "dataset_name": "rows.jsonl"})
+
+
 def test_process_counts_must_fit_the_launch():
     check_recipe(GOOD, num_processes=2)
     with pytest.raises(RecipeError, match=r"add up to 2 \(a: 1, b: 1\) but the launch has 3"):

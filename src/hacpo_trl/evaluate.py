@@ -331,13 +331,13 @@ def builtin_eval(task: str, max_completion_length: int | None = None, split: str
     """The held-out ``split`` of a built-in task, its reward and the generation length, exactly as a training run
     evaluates it (so that `hacpo-eval` reproduces the run's summary). Without the run's completion length: 64
     tokens for worked solutions, 8 for short answers."""
-    from .rewards import arithmetic_exact_match, arithmetic_trace_answer
+    from .rewards import get_reward_funcs, task_reward_funcs
     from .tasks import task_splits
 
     splits = task_splits(task)
     if split not in splits:
         raise ValueError(f"task {task!r} has no {split!r} split")
-    reward = arithmetic_trace_answer if task == "arithmetic_trace" else arithmetic_exact_match
+    reward = get_reward_funcs(task_reward_funcs(task))[0]
     if max_completion_length is None:
         return splits[split], reward, 64 if task == "arithmetic_trace" else 8
     return splits[split], reward, eval_length(task, max_completion_length)

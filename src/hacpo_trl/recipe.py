@@ -56,7 +56,8 @@ class HACPOScriptArguments:
         dataset_name: dataset id or local path for ``"math"`` / ``"dataset"``.
         dataset_config: dataset configuration name.
         dataset_train_split: split to train on.
-        reward_funcs: reward names from `hacpo_trl.rewards.REWARD_FUNCS` or import paths.
+        reward_funcs: reward names from `hacpo_trl.rewards.REWARD_FUNCS` or import paths; without it, the task's own
+            reward (`hacpo_trl.rewards.TASK_REWARDS`; ``dataset`` has none and must name one).
         eval_samples: held-out problems evaluated before and after training (built-in tasks only; 0 = skip).
         eval_split: ``"test"`` (held out) or ``"validation"`` (built-in ``arithmetic_trace`` only: carved from the RL
             side, for choosing settings without looking at the held-out split).
@@ -73,11 +74,12 @@ class HACPOScriptArguments:
     dataset_name: str | None = field(default=None, metadata={"help": "Dataset id or path."})
     dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration."})
     dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
-    reward_funcs: list[str] = field(
-        default_factory=lambda: ["arithmetic_exact"],
+    reward_funcs: list[str] | None = field(
+        default=None,
         metadata={
             "help": "Reward names (arithmetic_exact, arithmetic_trace, math_verify, boxed_format) or import paths "
-            "'module:function'."
+            "'module:function'; None: the task's own (arithmetic -> arithmetic_exact, arithmetic_trace -> arithmetic_trace, "
+            "math -> math_verify)."
         },
     )
     eval_samples: int = field(default=300, metadata={"help": "Held-out problems to evaluate before and after."})
@@ -91,6 +93,12 @@ class HACPOScriptArguments:
         default=False,
         metadata={"help": "Train into an output folder that already holds a run (refused otherwise; see README)."},
     )
+
+    def __post_init__(self):
+        if self.reward_funcs is None:  # the task's own reward, never another task's (it would score every answer 0)
+            from .rewards import task_reward_funcs
+
+            self.reward_funcs = task_reward_funcs(self.task)
 
 
 # ------------------------------------------------------------------------------------------ recipe checks
@@ -333,10 +341,11 @@ def preflight(recipe: dict, num_processes: int | None = None, environ=os.environ
                 f"recipe key 'dataset_name': {name!r} is a Hub dataset id, the Hub is offline (HF_HUB_OFFLINE) and "
                 "it is not in the Hugging Face cache; download it where the Hub is reachable or give a local path"
             )
-    from .rewards import get_reward_funcs  # light: no ML library; imports the user's reward module, if named
+    from .rewards import get_reward_funcs, task_reward_funcs  # light: no ML library; imports the user's module
 
     try:
-        get_reward_funcs(recipe.get("reward_funcs", HACPOScriptArguments().reward_funcs))
+        names = recipe.get("reward_funcs")
+        get_reward_funcs(task_reward_funcs(task) if names is None else names)
     except ValueError as exc:
         raise RecipeError(str(exc)) from None
 

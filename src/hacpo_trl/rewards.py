@@ -7,20 +7,27 @@ other columns (e.g. ``answer``) arrive as keyword lists aligned with the complet
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import importlib
+import os
 import re
+import traceback
 from collections.abc import Callable
 
 from .retokenize import completion_text
 
 __all__ = [
     "REWARD_FUNCS",
+    "TASK_REWARDS",
     "arithmetic_exact_match",
     "arithmetic_trace_answer",
     "boxed_format",
     "get_reward_funcs",
     "last_boxed",
     "math_verify_boxed",
+    "no_reward_warning",
+    "task_reward_funcs",
 ]
 
 
@@ -110,8 +117,32 @@ REWARD_FUNCS: dict[str, Callable] = {
 }
 
 
+# The reward each task is graded by: a recipe without `reward_funcs` trains on it (a reward that does not fit the
+# task's answers scores every completion 0, and the run learns nothing without saying why).
+TASK_REWARDS: dict[str, str] = {
+    "arithmetic": "arithmetic_exact",
+    "arithmetic_trace": "arithmetic_trace",
+    "arithmetic_trace_bracket": "arithmetic_trace",
+    "math": "math_verify",
+}
+
+
+def task_reward_funcs(task: str) -> list[str]:
+    """The reward names a recipe of ``task`` trains on when it names none (`TASK_REWARDS`); a task without a reward
+    of its own (``dataset``: any columns) must name one."""
+    if task not in TASK_REWARDS:
+        raise ValueError(
+            f"task {task!r} has no reward of its own: set `reward_funcs` to one of {sorted(REWARD_FUNCS)} or an "
+            "import path such as `my_package.rewards:my_reward`"
+        )
+    return [TASK_REWARDS[task]]
+
+
 def get_reward_funcs(names: list[str] | str) -> list[Callable]:
-    """Reward functions by registry name or import path (``package.module:function`` or ``package.module.function``)."""
+    """Reward functions by registry name or import path (``package.module:function`` or ``package.module.function``).
+
+    An import path that cannot be loaded raises a `ValueError` naming which of four causes it is (see
+    `_import_reward`), since each has its own fix."""
     if isinstance(names, str):
         names = [names]
     if not names:
@@ -122,16 +153,93 @@ def get_reward_funcs(names: list[str] | str) -> list[Callable]:
             funcs.append(REWARD_FUNCS[name])
             continue
         module, sep, attr = name.rpartition(":") if ":" in name else name.rpartition(".")
-        func = None
-        if sep and module:
-            try:
-                func = getattr(importlib.import_module(module), attr, None)
-            except ImportError:
-                func = None
-        if not callable(func):
+        if not (sep and module and attr):
             raise ValueError(
                 f"`reward_funcs`: unknown reward function {name!r}; use one of {sorted(REWARD_FUNCS)} or an import "
                 "path such as `my_package.rewards:my_reward`"
             )
-        funcs.append(func)
+        funcs.append(_import_reward(name, module, attr))
     return funcs
+
+
+def _import_reward(name: str, module_name: str, attr: str) -> Callable:
+    """The function ``attr`` of ``module_name``, or a `ValueError` saying which of four causes stops it: no such
+    module, a module file that exists but is not on the import path, a module without that function, or a module
+    whose own import fails (its exception quoted, e.g. an ImportError of something it imports)."""
+    what = f"`reward_funcs`: reward {name!r}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):  # the module itself
+            found = _module_files(module_name)
+            if found:
+                folder, path = found[0]
+                raise ValueError(
+                    f"{what}: module {module_name!r} is at {path}, but {folder} is not on the import path "
+                    f"(ModuleNotFoundError: {exc}): put `PYTHONPATH={folder}` in front of the command, or run "
+                    f"`python -m hacpo_trl.train` / `accelerate launch -m hacpo_trl.train` from {folder} (they "
+                    "import from the working directory; the `hacpo-train` script does not)"
+                ) from None
+            raise ValueError(
+                f"{what}: no module {module_name!r} (ModuleNotFoundError: {exc}); no file for it in the working "
+                f"directory {os.getcwd()} or its subfolders either: install the package that has it, or put the "
+                "folder holding its .py file on PYTHONPATH"
+            ) from None
+        raise ValueError(_import_failure(what, module_name, exc)) from None
+    except Exception as exc:  # noqa: BLE001 - the user's module failed at import: say how, whatever it raised
+        raise ValueError(_import_failure(what, module_name, exc)) from None
+    func = getattr(module, attr, None)
+    if callable(func):
+        return func
+    where = getattr(module, "__file__", None) or module_name
+    has = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+    own = [n for n in has if getattr(vars(module)[n], "__module__", None) == module.__name__]
+    listed = own or has
+    shown = ", ".join(listed[:12]) + (f" and {len(listed) - 12} more" if len(listed) > 12 else "")
+    kind = f" (of type {type(func).__name__}, not a function)" if func is not None else ""
+    close = difflib.get_close_matches(attr, listed, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ValueError(
+        f"{what}: module {module_name!r} ({where}) has no function {attr!r}{kind}; its callables: "
+        f"{shown or 'none'}{hint}"
+    )
+
+
+def _import_failure(what: str, module_name: str, exc: BaseException) -> str:
+    """The message for a module that exists but whose own import raised ``exc``: its type, text and line."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    user = [f for f in frames if "importlib" not in f.filename and f.filename != __file__]
+    at = f" at {user[-1].filename}:{user[-1].lineno}" if user else ""
+    return f"{what}: importing module {module_name!r} failed{at}: {type(exc).__name__}: {exc}"
+
+
+def _module_files(module_name: str) -> list[tuple[str, str]]:
+    """(folder to put on the import path, file) for each file that would be ``module_name`` (``a/b.py`` or
+    ``a/b/__init__.py`` below the folder) in the working directory or one of its direct subfolders (e.g. next to
+    the recipes): where a reward module that is not on the import path usually is."""
+    relative = module_name.replace(".", os.sep)
+    roots = [os.getcwd()]
+    with contextlib.suppress(OSError):
+        roots += sorted(e.path for e in os.scandir(os.getcwd()) if e.is_dir() and not e.name.startswith("."))
+    found = []
+    for root in roots:
+        for candidate in (f"{relative}.py", os.path.join(relative, "__init__.py")):
+            if os.path.isfile(os.path.join(root, candidate)):
+                found.append((root, os.path.join(root, candidate)))
+    return found
+
+
+def no_reward_warning(step_rewards: dict[str, list[float]], reward_names: list[str]) -> str | None:
+    """The warning for a generation batch in which every completion of every agent scored 0 (``step_rewards``:
+    each agent's rewards of the batch over all its ranks), else None. No agent then gets a learning signal, and the
+    usual cause is a reward that does not fit the task's answers, which nothing else reports."""
+    if not step_rewards or any(x != 0 for rewards in step_rewards.values() for x in rewards):
+        return None
+    counts = ", ".join(f"{agent}: {len(rewards)}" for agent, rewards in step_rewards.items())
+    own = ", ".join(f"{task} -> {reward}" for task, reward in TASK_REWARDS.items())
+    return (
+        f"every completion of every agent scored 0 in this generation batch ({counts} completions) with "
+        f"reward functions {list(reward_names)}: no agent gets a learning signal from it. Check that the reward fits the "
+        f"task's answers (the built-in tasks' own rewards: {own}) and that the agents solve some problems"
+    )

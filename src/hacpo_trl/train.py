@@ -14,6 +14,8 @@ import json
 import os
 import sys
 
+from .plan import DEVICE_GIB  # what --plan assumes of an 80 GB card, quoted in --help
+
 # Recipe reading and checking live in `hacpo_trl.recipe`; the names are re-exported here for existing callers.
 from .recipe import (
     HACPOScriptArguments,
@@ -160,7 +162,7 @@ def _filter_library_warnings(recipe: dict, argv: list[str]) -> None:
         warnings.filterwarnings("ignore", message=r"`gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
-_WORKFLOW = """usage: hacpo-train --config RECIPE [--key value ...]
+_WORKFLOW = f"""usage: hacpo-train --config RECIPE [--key value ...]
        hacpo-train --config RECIPE --plan [--accelerate_config FILE] [--gpu_memory_gib GIB]
        accelerate launch --config_file accelerate_configs/cpu_2agents.yaml -m hacpo_trl.train --config RECIPE
 
@@ -172,12 +174,13 @@ recipe workflow:
   --plan                   check the launch on paper (memory per GPU, batch arithmetic), loading no weights
   --accelerate_config FILE (with --plan) the accelerate config the run will be launched with; default: the
                            recipe's `accelerate_config` key, else the launch environment
-  --gpu_memory_gib GIB     (with --plan) memory of one GPU (80 GB cards: 79.6)
+  --gpu_memory_gib GIB     (with --plan) memory of one GPU (80 GB cards: {DEVICE_GIB})
   --overwrite_output_dir   train into an output folder that already holds a run (refused otherwise)
   --help-all               every field of TRL's GRPOConfig and transformers' TrainingArguments as well
 
-agents (recipe key): a list of {name, model_name_or_path (Hub id, local folder or builtin:<name>),
-  num_processes, learning_rate, lora, output_dir, ...}; see README "Recipes".
+agents (recipe key): a list of {{name, model_name_or_path (Hub id, local folder or builtin:<name>),
+  num_processes, learning_rate, lora, output_dir, ...}}; see README "Train your own agents" (CPU) and
+  "GPU recipes (the paper's settings)".
 """
 
 
@@ -218,14 +221,57 @@ def refuse(exc: Exception, prog: str = "hacpo-train", environ=os.environ) -> int
     same way. Global rank 0 prints and exits; the launcher then stops every other rank. Any other rank first waits
     (at most ``HACPO_ERROR_WAIT`` seconds, 60 by default) for that stop, so it can never exit first and have the
     launcher kill rank 0 before it printed; if it is still alive after the wait, rank 0 did not fail this way,
-    and it prints the line itself.
+    and it prints the line itself. Once the agent worlds are split, ``RANK`` is agent-local (every agent has a
+    rank 0), so the global rank decides. Under a launcher the line is also repeated after the launcher's own
+    traceback (`_repeat_after_launcher`), so that it is the last line on the console as well as the first.
     """
-    if environ.get("RANK", "0") != "0":
+    if environ.get("HACPO_GLOBAL_RANK", environ.get("RANK", "0")) != "0":
+        import signal
         import time
 
+        # the launcher's stop is expected (rank 0 says why): no "stopped by the launcher" line of our own
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         time.sleep(float(environ.get("HACPO_ERROR_WAIT", "60")))
-    print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+    line = f"{prog}: error: {exc}"
+    print(line, file=sys.stderr, flush=True)
+    _repeat_after_launcher(line, environ)
     return 2
+
+
+# Run by `_repeat_after_launcher` in a process of its own: wait until the launcher has exited (its pidfd becomes
+# readable), at most argv[2] seconds, then print argv[3]. No imports beyond the standard library's `select`.
+_REPEAT = """import select, sys
+if select.select([int(sys.argv[1])], [], [], float(sys.argv[2]))[0]:
+    sys.stderr.write(sys.argv[3] + "\\n")
+"""
+
+
+def _repeat_after_launcher(line: str, environ=os.environ, wait_seconds: float = 300.0) -> None:
+    """Under a torch elastic launcher (``accelerate launch``, ``torchrun``), print ``line`` once more after the
+    launcher has exited: it follows a failed process with a ~40-line traceback that would otherwise bury the one
+    useful line. A detached process (its own session, so the launcher's stop of this process's group spares it)
+    waits on the launcher, this process's parent, and writes to the same stderr. Linux only (pidfd); elsewhere,
+    and outside a launcher, the line is printed once, before the traceback."""
+    if "TORCHELASTIC_RUN_ID" not in environ:
+        return
+    import subprocess
+
+    try:
+        launcher = os.pidfd_open(os.getppid())
+    except (AttributeError, OSError):
+        return
+    try:
+        subprocess.Popen(
+            [sys.executable, "-S", "-c", _REPEAT, str(launcher), str(wait_seconds), line],
+            pass_fds=(launcher,),
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+    except OSError:
+        pass  # the line was printed once already
+    finally:
+        os.close(launcher)
 
 
 def _parse(parser, argv: list[str]):

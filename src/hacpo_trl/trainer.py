@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from contextlib import contextmanager
 from typing import Any
 
@@ -82,6 +83,7 @@ from .peer_rows import (
     self_prompt_tokens,
 )
 from .retokenize import completion_text
+from .rewards import no_reward_warning
 from .topology import at_exit, current_topology
 from .vllm_seed import use_agent_engine_seeds
 
@@ -563,6 +565,11 @@ class HACPOTrainer(GRPOTrainer):
 
     def _update_capability(self, records: list[RolloutBatch], mode: str) -> dict[str, list[RolloutBatch]]:
         step_rewards = rewards_by_agent(records, self.agent_names)
+        if not getattr(self, "_warned_no_reward", False) and (
+            text := no_reward_warning(step_rewards, self.reward_func_names)
+        ):
+            self._warned_no_reward = True  # once per run
+            warnings.warn(text, stacklevel=1)
         self.capability.update(step_rewards)
         caps = self.capability.capabilities()
         low, high = self.args.capability_ratio_min, self.args.capability_ratio_max
