@@ -180,7 +180,7 @@ recipe workflow:
 
 agents (recipe key): a list of {{name, model_name_or_path (Hub id, local folder or builtin:<name>),
   num_processes, learning_rate, lora, output_dir, ...}}; see README "Train your own agents" (CPU) and
-  "GPU recipes (the paper's settings)".
+  "GPU recipes" (one GPU, and the paper's settings on 8).
 """
 
 
