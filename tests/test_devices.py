@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from conftest import accelerate_launch
 from hacpo_trl.placement import compute_placement
+from helpers import accelerate_launch
 
 pytestmark = [pytest.mark.devices, pytest.mark.timeout(300)]
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import accelerate_launch
+from helpers import accelerate_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 

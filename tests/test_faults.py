@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from conftest import summaries
+from helpers import summaries
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -8,7 +8,7 @@ mismatched collective or hang.
 import pytest
 from transformers import AutoModelForCausalLM
 
-from conftest import summaries
+from helpers import summaries
 
 pytestmark = [pytest.mark.fsdp, pytest.mark.timeout(600)]
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import SCRIPTS, free_port, summaries
+from helpers import SCRIPTS, free_port, summaries
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import free_port
 from hacpo_trl.recipe import RecipeError, load_recipe, numbers_as_values, preflight
+from helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {

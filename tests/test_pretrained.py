@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import summaries
 from hacpo_trl.demo import resolve_model
 from hacpo_trl.pretrained import PRETRAINED, build_pretrained
+from helpers import accelerate_launch, summaries
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -65,8 +65,6 @@ def real_run(smol, tmp_path_factory):
     12-token answers are rarely right, so with the paper's band whether its LoRA A matrices ever got a gradient was
     a draw of the machine's sampling (they did on one machine, not on another); with every peer row below 1 in the
     band, both peer updates train on tiny-llama's rewarded and unrewarded rows."""
-    from conftest import accelerate_launch
-
     out = tmp_path_factory.mktemp("real_run")
     proc = accelerate_launch(
         2, "train_agents.py", "--agents", "builtin=smollm2-135m-instruct:1:lora,builtin=tiny-llama:1",

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from hacpo_trl.probe import _my_prompts, agent_stats, flags, generation_backend, pair_stats, render
+from helpers import accelerate_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,8 +127,6 @@ def _env():
 @pytest.fixture(scope="module")
 def state_pair(tmp_path_factory):
     """The probe on the state pair (4 prompts), then each trainer's own loss on the probe's generation batch."""
-    from conftest import accelerate_launch
-
     out = tmp_path_factory.mktemp("probe_state")
     proc = accelerate_launch(
         2, "probe_vs_trainer.py", str(out), "--config", str(ROOT / "recipes" / "tiny_state.yaml"), "--prompts", "4",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from conftest import accelerate_launch
+from helpers import accelerate_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "recipes" / "demo_cpu.yaml"

@@ -12,8 +12,8 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import accelerate_launch, hang_guard
 from hacpo_trl.train import RecipeError, check_recipe, load_recipe
+from helpers import accelerate_launch, hang_guard
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))

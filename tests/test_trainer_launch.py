@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import summaries
+from helpers import summaries
 
 pytestmark = pytest.mark.timeout(900)
 
