@@ -26,6 +26,7 @@ def probe(tmp_path, num_processes, *args):
     return proc, sorted(places, key=lambda p: p["global_rank"])
 
 
+@pytest.mark.launch
 def test_each_agent_gets_its_own_gpus_and_accelerates_world_settings(tmp_path):
     proc, places = probe(tmp_path, 4, "--counts", "2,2", "--gpus", "4", "--config",
                          json.dumps({"ddp_timeout": 77, "exchange_timeout": 33}))  # fmt: skip
@@ -45,6 +46,7 @@ def test_each_agent_gets_its_own_gpus_and_accelerates_world_settings(tmp_path):
         assert p["device"].endswith(f"GPU-node0-{p['physical_gpu']}")
 
 
+@pytest.mark.launch
 def test_cuda_initialised_by_an_import_before_the_setup_fails_loudly(tmp_path):
     """bitsandbytes (imported by trl -> transformers -> peft) initialises CUDA: the later device restriction would
     be ignored and agent1 would train on agent0's GPUs. Before the fix this launch succeeded that way."""
@@ -54,6 +56,7 @@ def test_cuda_initialised_by_an_import_before_the_setup_fails_loudly(tmp_path):
     assert "hacpo_trl.placement.place_process" in proc.stderr
 
 
+@pytest.mark.launch
 def test_placing_the_process_first_survives_an_early_cuda_import(tmp_path):
     """What hacpo-train does: devices are restricted before the import that initialises CUDA; `ddp_backend` is
     honoured for the agent world."""
@@ -64,6 +67,7 @@ def test_placing_the_process_first_survives_an_early_cuda_import(tmp_path):
     assert [p["agent_world"]["backend"] for p in places] == ["nccl", "nccl"]
 
 
+@pytest.mark.launch
 def test_two_processes_on_one_physical_gpu_are_refused(tmp_path):
     proc, _ = probe(tmp_path, 2, "--counts", "1,1", "--gpus", "2", "--same_uuid")
     assert proc.returncode != 0
@@ -73,6 +77,7 @@ def test_two_processes_on_one_physical_gpu_are_refused(tmp_path):
     ).replace("vm", os.uname().nodename) in proc.stderr
 
 
+@pytest.mark.launch
 def test_fewer_visible_gpus_than_processes_is_an_error(tmp_path, monkeypatch):
     """Before the fix the restriction was skipped and agent1 silently shared agent0's GPU (cuda:0 % 1)."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
@@ -82,6 +87,7 @@ def test_fewer_visible_gpus_than_processes_is_an_error(tmp_path, monkeypatch):
            "GPU(s) are visible to it (CUDA_VISIBLE_DEVICES 0)" in proc.stderr  # fmt: skip
 
 
+@pytest.mark.launch
 def test_an_agent_left_without_a_gpu_is_an_error(tmp_path):
     """One GPU on the node, two agents: agent1's device list names a GPU the node does not have, so CUDA shows it
     none and it would train on CPU while agent0 uses the GPU."""
@@ -100,6 +106,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.launch
 def test_hacpo_train_restricts_devices_before_importing_trl(tmp_path):
     """The real import chain of `hacpo-train`: a bitsandbytes stand-in records CUDA_VISIBLE_DEVICES at the moment
     peft imports it (where the real one initialises CUDA). Rank 2 of agents 2 + 2 must already see only GPUs 2,3."""

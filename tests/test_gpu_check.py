@@ -29,6 +29,7 @@ def _run(*args):
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.mark.launch
 def test_help_works_and_no_gpu_exits_with_a_message():
     helped = _run("--help")
     assert helped.returncode == 0 and "--accelerate_config" in helped.stdout

@@ -79,6 +79,7 @@ def _tokenizer(agent: str):
     return AutoTokenizer.from_pretrained(resolve_model(SMOL if agent.startswith("smollm2") else "builtin:tiny-llama"))
 
 
+@pytest.mark.launch
 def test_peer_rows_are_retokenized_both_ways_with_prompt_and_stop_token(real_run):
     _, runs = real_run
     assert sorted(runs) == ["smollm2-135m-instruct0", "tiny-llama1"]
@@ -110,6 +111,7 @@ def test_peer_rows_are_retokenized_both_ways_with_prompt_and_stop_token(real_run
     assert sum(c[-1] == 2 for _, c in smol_rows) >= 4
 
 
+@pytest.mark.launch
 def test_ratios_are_finite_and_both_agents_learn(real_run):
     _, runs = real_run
     for agent, s in runs.items():
@@ -125,6 +127,7 @@ def test_ratios_are_finite_and_both_agents_learn(real_run):
         assert sum(f".{target}.lora_" in n for n in lora["trainable"]) == 60, target
 
 
+@pytest.mark.launch
 def test_saved_smollm2_agent_loads_as_adapter_and_merged_with_a_card_naming_the_base(real_run, tmp_path):
     from peft import AutoPeftModelForCausalLM
 

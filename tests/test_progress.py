@@ -5,6 +5,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from helpers import accelerate_launch
@@ -30,6 +31,7 @@ def test_agents_line_names_each_agent_with_reward_and_capability():
     assert agents_line({"train_loss": 0.0}, ["a"]) == ""
 
 
+@pytest.mark.launch
 def test_one_bar_one_line_per_logging_step_and_no_warnings_of_ours(tmp_path, builtin_cache):
     out = tmp_path / "run"
     proc = _demo(out)
@@ -65,6 +67,7 @@ def test_one_bar_one_line_per_logging_step_and_no_warnings_of_ours(tmp_path, bui
     assert not [w for w in warnings if "gradient_checkpointing" in w], warnings
 
 
+@pytest.mark.launch
 def test_an_error_on_another_rank_still_reaches_the_console(tmp_path, builtin_cache, monkeypatch):
     """Global rank 1 is quiet, but not about its own failure."""
     (tmp_path / "rank1_reward.py").write_text(

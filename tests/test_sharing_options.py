@@ -484,6 +484,7 @@ def learns_from_none(tmp_path_factory):
     return out, summaries(out)
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_an_agent_that_learns_from_no_one_trains_exactly_as_gspo(learns_from_none, gspo_run, tmp_path):
     """Same schedule = the agent's own per_device_train_batch_size, steps_per_generation and gradient accumulation
@@ -509,6 +510,7 @@ def test_an_agent_that_learns_from_no_one_trains_exactly_as_gspo(learns_from_non
     assert _metric(llama, "loss") == _metric(gspo_llama, "loss")
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_a_solo_learner_with_the_papers_mini_batch_trains_exactly_as_gspo_with_the_papers_schedule(
     tmp_path, launch, gspo_run
@@ -538,6 +540,7 @@ def test_a_solo_learner_with_the_papers_mini_batch_trains_exactly_as_gspo_with_t
     assert made == _metric(gspo_llama, "loss")
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_an_update_without_a_row_with_a_gradient_takes_no_step_with_skip_empty_updates(tmp_path, launch):
     """A band of width 1e-6 keeps no peer row, so in every generation batch (2 updates: own rows, then peer rows)
@@ -556,6 +559,7 @@ def test_an_update_without_a_row_with_a_gradient_takes_no_step_with_skip_empty_u
     assert any(trace[i] != trace[i - 1] for i in empty)
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_band_gate_closes_a_peer_with_no_row_in_the_band_and_the_learner_trains_as_gspo(
     learns_from_none, tmp_path, launch
@@ -587,6 +591,7 @@ def test_skip_empty_updates_is_refused_under_deepspeed(tmp_path, monkeypatch):
         HACPOConfig(output_dir=str(tmp_path), skip_empty_updates=True, **COMMON)
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_gate_and_fade_through_the_trainer_and_others_receive_the_same(learns_from_none, tmp_path, launch):
     """llama0 gated at 1.0 (learns from qwen1 only while P̂_qwen1 >= P̂_llama0): each generation batch it learns from
@@ -608,6 +613,7 @@ def test_gate_and_fade_through_the_trainer_and_others_receive_the_same(learns_fr
     assert qwen["peers"]["rows"] == qwen_none["peers"]["rows"] and len(qwen["peers"]["rows"]) == 8
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_gate_warmup_closes_every_peer_for_the_first_batches_through_the_trainer(tmp_path, launch, accumulation):
@@ -625,6 +631,7 @@ def test_gate_warmup_closes_every_peer_for_the_first_batches_through_the_trainer
     assert [n > 0 for n in _metric(llama, "hacpo/peer_rows")] == [False, False, *(g > 0 for g in by_gate[2:])]
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("task", ["digits", "arithmetic"])
 def test_gate_confidence_opens_as_the_logged_evidence_says_through_the_trainer(tmp_path, launch, task):
@@ -662,6 +669,7 @@ def test_gate_confidence_opens_as_the_logged_evidence_says_through_the_trainer(t
         assert plain_only >= 6
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_gate_rescue_lends_a_closed_peers_rows_on_failed_prompts_only_through_the_trainer(tmp_path, launch):
     """llama0 gated at 100 (qwen1 closed unless P̂_llama0 is 0) with the rescue, the solo schedule (2 of 4 updates)
@@ -747,6 +755,7 @@ def test_options_are_recipe_settings(tmp_path, capsys):
     assert "hacpo-train: error: `learn_from` names unknown agent(s) ['teacher']" in capsys.readouterr().err
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_a_two_process_agent_that_learns_from_no_one(tmp_path, launch):
     """The learn-from-none path on an agent of 2 data-parallel ranks: both ranks take it together (the capability
@@ -820,6 +829,7 @@ def test_positive_filter_keeps_peer_rows_with_a_positive_advantage():
     assert torch.equal(positive.self_advantages, every.self_advantages)  # the baseline kept every row
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_skipped_updates_through_an_evaluation_and_an_engine_owned_schedule(tmp_path, launch):
     """A gated-off llama0 (P̂ 0.5 against qwen1's 0) skips updates 3 and 4 of each generation batch:
@@ -847,6 +857,7 @@ def test_skipped_updates_through_an_evaluation_and_an_engine_owned_schedule(tmp_
     assert llama["engine_schedule_steps"] == qwen["engine_schedule_steps"] == 8  # as the Trainer's 8 steps
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_a_log_that_ends_on_a_skipped_update_has_no_grad_norm(tmp_path, launch):
     """transformers logs the gradient norm of a log window's last update. llama0, gated off, skips updates 3 and 4
@@ -864,6 +875,7 @@ def test_a_log_that_ends_on_a_skipped_update_has_no_grad_norm(tmp_path, launch):
     assert ["grad_norm" in e for e in windows] == [False, True]
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_a_solo_learner_computes_reference_log_probs_in_the_gspo_baselines_chunks(tmp_path, launch):
     """With `beta` > 0 TRL's reference pass chunks a generation batch by `per_device_train_batch_size`: 2 rows in
@@ -881,6 +893,7 @@ def test_a_solo_learner_computes_reference_log_probs_in_the_gspo_baselines_chunk
         assert [f[1] for f in summary["forwards"] if f[0] == "old_logps"] == ref
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_a_solo_batch_keeps_old_log_probs_exactly_when_the_gspo_baseline_computes_them(tmp_path, launch, accumulation):
@@ -898,6 +911,7 @@ def test_a_solo_batch_keeps_old_log_probs_exactly_when_the_gspo_baseline_compute
     assert llama["layouts"] == [[[4, 0, 0, kept], [4, 0, 0, kept], None, None]] * 2
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_updates_without_gradients_step_through_a_grad_scaler(tmp_path, launch):
     """fp16 mixed precision (on an accelerator, without DeepSpeed) steps through torch's GradScaler, which fails an
