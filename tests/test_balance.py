@@ -95,6 +95,7 @@ def _untrained_copy(name: str, folder: Path) -> str:
     return str(folder)
 
 
+@pytest.mark.launch
 def test_the_agent_the_plan_says_waits_is_the_one_that_waits(launch, tmp_path, capsys):
     """The size pair (trace-large + trace-small, one process each), 16 steps = 4 generation batches. The plan
     predicts which agent idles at the exchange; the run's `hacpo/time/exchange_wait` shows who did, summed over the

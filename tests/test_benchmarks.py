@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(900)
 
 
+@pytest.mark.launch
 def test_reproduce_and_overhead_write_their_sections(tmp_path, builtin_cache):
     results = tmp_path / "RESULTS.md"
     reproduce = subprocess.run(

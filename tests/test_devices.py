@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from conftest import accelerate_launch
 from hacpo_trl.placement import compute_placement
+from helpers import accelerate_launch
 
 pytestmark = [pytest.mark.devices, pytest.mark.timeout(300)]
 
@@ -26,6 +26,7 @@ def probe(tmp_path, num_processes, *args):
     return proc, sorted(places, key=lambda p: p["global_rank"])
 
 
+@pytest.mark.launch
 def test_each_agent_gets_its_own_gpus_and_accelerates_world_settings(tmp_path):
     proc, places = probe(tmp_path, 4, "--counts", "2,2", "--gpus", "4", "--config",
                          json.dumps({"ddp_timeout": 77, "exchange_timeout": 33}))  # fmt: skip
@@ -45,6 +46,7 @@ def test_each_agent_gets_its_own_gpus_and_accelerates_world_settings(tmp_path):
         assert p["device"].endswith(f"GPU-node0-{p['physical_gpu']}")
 
 
+@pytest.mark.launch
 def test_cuda_initialised_by_an_import_before_the_setup_fails_loudly(tmp_path):
     """bitsandbytes (imported by trl -> transformers -> peft) initialises CUDA: the later device restriction would
     be ignored and agent1 would train on agent0's GPUs. Before the fix this launch succeeded that way."""
@@ -54,6 +56,7 @@ def test_cuda_initialised_by_an_import_before_the_setup_fails_loudly(tmp_path):
     assert "hacpo_trl.placement.place_process" in proc.stderr
 
 
+@pytest.mark.launch
 def test_placing_the_process_first_survives_an_early_cuda_import(tmp_path):
     """What hacpo-train does: devices are restricted before the import that initialises CUDA; `ddp_backend` is
     honoured for the agent world."""
@@ -64,6 +67,7 @@ def test_placing_the_process_first_survives_an_early_cuda_import(tmp_path):
     assert [p["agent_world"]["backend"] for p in places] == ["nccl", "nccl"]
 
 
+@pytest.mark.launch
 def test_two_processes_on_one_physical_gpu_are_refused(tmp_path):
     proc, _ = probe(tmp_path, 2, "--counts", "1,1", "--gpus", "2", "--same_uuid")
     assert proc.returncode != 0
@@ -73,6 +77,7 @@ def test_two_processes_on_one_physical_gpu_are_refused(tmp_path):
     ).replace("vm", os.uname().nodename) in proc.stderr
 
 
+@pytest.mark.launch
 def test_fewer_visible_gpus_than_processes_is_an_error(tmp_path, monkeypatch):
     """Before the fix the restriction was skipped and agent1 silently shared agent0's GPU (cuda:0 % 1)."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
@@ -82,6 +87,7 @@ def test_fewer_visible_gpus_than_processes_is_an_error(tmp_path, monkeypatch):
            "GPU(s) are visible to it (CUDA_VISIBLE_DEVICES 0)" in proc.stderr  # fmt: skip
 
 
+@pytest.mark.launch
 def test_an_agent_left_without_a_gpu_is_an_error(tmp_path):
     """One GPU on the node, two agents: agent1's device list names a GPU the node does not have, so CUDA shows it
     none and it would train on CPU while agent0 uses the GPU."""
@@ -100,6 +106,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.launch
 def test_hacpo_train_restricts_devices_before_importing_trl(tmp_path):
     """The real import chain of `hacpo-train`: a bitsandbytes stand-in records CUDA_VISIBLE_DEVICES at the moment
     peft imports it (where the real one initialises CUDA). Rank 2 of agents 2 + 2 must already see only GPUs 2,3."""
@@ -154,6 +161,7 @@ def test_placement_needs_the_node_layout():
         compute_placement([2, 1], {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
 
 
+@pytest.mark.launch
 def test_two_agents_share_one_gpu_on_purpose(tmp_path, monkeypatch):
     """`share_gpus`: a one-GPU machine runs two agents, both on its GPU (time-shared); every other check stays."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
@@ -166,6 +174,7 @@ def test_two_agents_share_one_gpu_on_purpose(tmp_path, monkeypatch):
     assert places[0]["device"] == places[1]["device"]  # the same GPU, by UUID
 
 
+@pytest.mark.launch
 def test_one_gpu_without_share_gpus_is_still_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     proc, _ = probe(tmp_path, 2, "--counts", "1,1", "--gpus", "1")
@@ -175,6 +184,7 @@ def test_one_gpu_without_share_gpus_is_still_refused(tmp_path, monkeypatch):
     assert "set `share_gpus: true` in the recipe" in proc.stderr
 
 
+@pytest.mark.launch
 def test_share_gpus_keeps_an_agents_own_ranks_apart(tmp_path, monkeypatch):
     """Two ranks of one agent on one GPU would break its NCCL group: refused with share_gpus too."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
@@ -184,6 +194,7 @@ def test_share_gpus_keeps_an_agents_own_ranks_apart(tmp_path, monkeypatch):
     assert "an agent's own processes each need their own" in proc.stderr
 
 
+@pytest.mark.launch
 def test_share_gpus_by_uuid_refuses_one_agents_ranks_on_one_gpu(tmp_path):
     """The UUID check behind the device lists: with share_gpus, two agents on one GPU pass, one agent's two ranks
     on one GPU (a scheduler that maps two listed ordinals to one device) do not."""
@@ -235,6 +246,7 @@ def test_share_gpus_is_one_setting_of_the_launch():
         share_gpus({"agents": [{"name": "a", "overrides": {"share_gpus": True}}]})
 
 
+@pytest.mark.launch
 def test_hacpo_train_places_a_shared_gpu_before_importing_trl(tmp_path):
     """`hacpo-train` with `share_gpus: true` on a one-GPU machine (CUDA_VISIBLE_DEVICES=0 for the launch): the second
     agent's process sees GPU 0 when bitsandbytes would initialise CUDA, not an ordinal the node does not have, and

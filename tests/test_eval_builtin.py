@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import accelerate_launch
+import pytest
+
+from helpers import accelerate_launch
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.launch
 
 
 def test_eval_reproduces_the_runs_held_out_accuracy_and_refuses_the_other_task(tmp_path):

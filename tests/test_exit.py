@@ -3,7 +3,11 @@
 import subprocess
 import sys
 
-from conftest import hang_guard
+import pytest
+
+from helpers import hang_guard
+
+pytestmark = pytest.mark.launch
 
 # A single-agent HACPOTrainer in vLLM server mode whose generation backend is a stand-in holding TRL's real
 # `VLLMClient`, with a weight-transfer group shaped like vLLM's (a store and a socket to the server): TRL's own

@@ -5,9 +5,9 @@ import shutil
 
 import pytest
 
-from conftest import summaries
+from helpers import summaries
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.launch, pytest.mark.timeout(900)]
 
 LLAMA = "agent 'llama0' (its rank 0, global rank 0)"
 QWEN = "agent 'qwen1' (its rank 0, global rank 1)"

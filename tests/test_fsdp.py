@@ -8,11 +8,12 @@ mismatched collective or hang.
 import pytest
 from transformers import AutoModelForCausalLM
 
-from conftest import summaries
+from helpers import summaries
 
 pytestmark = [pytest.mark.fsdp, pytest.mark.timeout(600)]
 
 
+@pytest.mark.launch
 def test_fsdp_per_agent_with_uneven_peer_rows(tmp_path, launch):
     # peer_filter=correct and only rank 0's completions correct: rank 0 of each agent trains on 4 peer rows, rank 1
     # on none, so only rank 0 has peer rows to score in the second micro-step
@@ -77,6 +78,7 @@ def test_held_out_evaluation_runs_on_every_rank_when_forwards_are_collective(mon
     assert len(calls) == (2 if sharded else 1)
 
 
+@pytest.mark.launch
 def test_recommended_preset_under_fsdp_with_a_gated_off_agent_and_uneven_peer_rows(tmp_path, launch):
     """The recommended preset on two 2-rank FSDP agents (every forward a collective over the agent's ranks). llama1
     solves nothing (P̂ = 0); llama0's completions are correct on its rank 0 only (P̂ = 0.5, z = 2.83 against llama1).

@@ -30,6 +30,7 @@ def _run(*args):
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.mark.launch
 def test_help_works_and_no_gpu_exits_with_a_message():
     helped = _run("--help")
     assert helped.returncode == 0 and "--accelerate_config" in helped.stdout
@@ -37,6 +38,7 @@ def test_help_works_and_no_gpu_exits_with_a_message():
     assert refused.returncode == 2 and "gpu_check: no CUDA GPU here" in refused.stderr
 
 
+@pytest.mark.launch
 def test_make_gpu_check_without_a_gpu_exits_2_with_one_line():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.run(["make", "-s", "gpu-check", f"GPU_PYTHON={sys.executable}"], cwd=ROOT, env=env,
@@ -185,6 +187,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.launch
 def test_a_rank_is_placed_before_the_instrumentation_imports_trl(tmp_path):
     """The fourth bug: `_instrument` imported the trainer (trl -> transformers -> peft -> bitsandbytes, which
     initialises CUDA) before the process was placed. A bitsandbytes stand-in records CUDA_VISIBLE_DEVICES then."""

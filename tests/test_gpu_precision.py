@@ -30,6 +30,7 @@ def _saved_model(path: Path, dtype: torch.dtype) -> Path:
     return path
 
 
+@pytest.mark.launch
 def test_full_finetuning_of_bf16_weights_is_refused_at_startup(tmp_path):
     """The real start-up path (`python -m hacpo_trl.train`, no DeepSpeed/FSDP): a model saved in bf16 and loaded with
     the default dtype ("auto") would make AdamW update bf16 parameters; the run stops before training, naming the fix.

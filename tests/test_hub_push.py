@@ -4,9 +4,12 @@ The Hub cannot be reached from CI, so the push goes to a local stand-in endpoint
 stores what the real client uploads.
 """
 
+import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hub_stand_in import HubStandIn
+
+pytestmark = pytest.mark.launch
 
 
 def test_each_agent_is_pushed_to_its_own_repo_and_loads(tmp_path, launch, monkeypatch):

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from conftest import SCRIPTS, free_port, summaries
+from helpers import SCRIPTS, free_port, summaries
 
-pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.launch, pytest.mark.multinode, pytest.mark.timeout(900)]
 
 AGENTS = ("train_agents.py", "--agents", "llama:3,qwen:1", "--generation_batch", "12", "--save_steps", "2",
           "--delta", "0.99")  # fmt: skip

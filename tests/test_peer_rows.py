@@ -1,7 +1,6 @@
 """The peer-row pipeline on hand-built records: no trainer, no process group."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,52 +8,10 @@ import torch
 from hacpo_trl.algorithm import capability_aware_advantages
 from hacpo_trl.exchange import RolloutBatch
 from hacpo_trl.peer_rows import append_peer_rows, build_peer_rows, self_prompt_tokens
-from hacpo_trl.tiny import bpe_tokenizer, char_tokenizer
+from hacpo_trl.tiny import char_tokenizer
+from helpers import BPE, CAPS, LONG, NAN, SELF_IDS, SELF_REWARDS, records, settings
 
 CHAR = char_tokenizer()
-BPE = bpe_tokenizer()
-NAN, INF = float("nan"), float("inf")
-LONG = "1234567890123 + 4567890123 = 1234567890123"  # over 12 tokens in either tokenizer
-CAPS = {"A": 0.25, "B": 0.75, "C": 0.5}  # the learner A is the weakest
-SELF_IDS = ["p0", "p0", "p1", "p1"]
-SELF_REWARDS = torch.tensor([1.0, 0.0, NAN, 0.0])  # self row 2 is unscorable
-
-
-def settings(**overrides):
-    base = dict(
-        peer_filter="all",
-        mask_truncated_completions=True,
-        max_completion_length=12,
-        capability_baseline=True,
-        zero_uniform_groups=True,
-        max_reward=1.0,
-        capability_ratio_min=0.1,
-        capability_ratio_max=10.0,
-    )
-    return SimpleNamespace(**{**base, **overrides})
-
-
-def records():
-    """The learner's own record, then C's (rank order need not be agent order), then B's."""
-
-    def batch(agent, rank, rows):
-        pids, texts, rewards, logps, lengths, terminated = map(list, zip(*rows, strict=True))
-        return RolloutBatch(agent, rank, 3, pids, texts, rewards, logps, lengths, terminated)
-
-    own = batch("A", 0, [(p, "own", 1.0, -1.0, 3, True) for p in SELF_IDS])
-    c = batch("C", 2, [
-        ("p0", LONG, 1.0, -0.3, 20, True),  # cut to 12 learner tokens (its EOS too): truncated
-        ("p1", "42", 1.0, INF, 2, True),  # broken old log-prob: rejected
-        ("p1", "", 1.0, 0.0, 0, True),  # no generator tokens: the EOS action, never a loss (no ratio)
-    ])  # fmt: skip
-    b = batch("B", 1, [
-        ("p0", "12 + 3 = 15", 1.0, -0.5, 9, True),
-        ("p0", "7", 0.0, -0.4, 2, False),  # unfinished: no EOS appended
-        ("p1", "x", NAN, -0.2, 1, True),  # unscorable: rejected
-        ("p1", "", 0.0, -0.1, 1, False),  # empty and unfinished: in the baseline, nothing to learn from
-        ("p9", "zzz", 1.0, -0.1, 3, True),  # not one of this process's prompts: ignored, not counted
-    ])  # fmt: skip
-    return [own, c, b]
 
 
 def build(tokenizer=BPE, **overrides):

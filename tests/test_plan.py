@@ -260,6 +260,7 @@ def test_cpu_recipe_plan(path, capsys):
     assert f"global ranks 0-{ranks - 1} on cpu" in out
 
 
+@pytest.mark.launch
 def test_plan_command_exits_nonzero_with_the_reason(tmp_path, hub_cache):
     """Through `python -m hacpo_trl.train`: a recipe that does not fit exits 1 naming the agent; a model whose
     config.json is nowhere exits 2 saying how to fetch it. No weights, no process group."""
@@ -328,6 +329,7 @@ def test_baseline_recipes_are_the_pairs_hacpo_recipe_with_the_papers_baseline_sc
         assert out.count(f"{len(updates)} optimizer updates per generation batch: {', '.join(updates)}\n") == 2
 
 
+@pytest.mark.launch
 def test_plan_reads_the_recipes_own_accelerate_config_and_hints_at_hf_download(tmp_path):
     root = Path(__file__).resolve().parents[1]
     recipe = yaml.safe_load((root / "recipes" / "tiny_size.yaml").read_text())

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import free_port
 from hacpo_trl.recipe import RecipeError, load_recipe, numbers_as_values, preflight
+from helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {
@@ -110,6 +110,7 @@ def _first_and_last(output: str) -> tuple[list[str], str]:
     return errors, ([line for line in output.splitlines() if line.strip()] or [""])[-1]
 
 
+@pytest.mark.launch
 def test_every_bad_input_gives_one_line_in_a_real_two_process_launch(tmp_path):
     """Every case of the table launched for real (the racy ones three times), four launches at a time: each exits
     with the launcher's status 1 (a child exited 2) and prints exactly one `hacpo-train: error:` line naming the
@@ -175,6 +176,7 @@ def test_an_output_folder_holding_a_run_is_refused_unless_overwrite_or_resume(tm
         check_output_dir(recipe)
 
 
+@pytest.mark.launch
 def test_a_second_launch_into_a_finished_run_stops_with_one_line(tmp_path):
     """Single process (exit 2, the status the README states for it): refused before any ML library loads."""
     out = tmp_path / "out"

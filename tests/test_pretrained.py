@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import summaries
 from hacpo_trl.demo import resolve_model
 from hacpo_trl.pretrained import PRETRAINED, build_pretrained
+from helpers import accelerate_launch, summaries
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -65,8 +65,6 @@ def real_run(smol, tmp_path_factory):
     12-token answers are rarely right, so with the paper's band whether its LoRA A matrices ever got a gradient was
     a draw of the machine's sampling (they did on one machine, not on another); with every peer row below 1 in the
     band, both peer updates train on tiny-llama's rewarded and unrewarded rows."""
-    from conftest import accelerate_launch
-
     out = tmp_path_factory.mktemp("real_run")
     proc = accelerate_launch(
         2, "train_agents.py", "--agents", "builtin=smollm2-135m-instruct:1:lora,builtin=tiny-llama:1",
@@ -81,6 +79,7 @@ def _tokenizer(agent: str):
     return AutoTokenizer.from_pretrained(resolve_model(SMOL if agent.startswith("smollm2") else "builtin:tiny-llama"))
 
 
+@pytest.mark.launch
 def test_peer_rows_are_retokenized_both_ways_with_prompt_and_stop_token(real_run):
     _, runs = real_run
     assert sorted(runs) == ["smollm2-135m-instruct0", "tiny-llama1"]
@@ -112,6 +111,7 @@ def test_peer_rows_are_retokenized_both_ways_with_prompt_and_stop_token(real_run
     assert sum(c[-1] == 2 for _, c in smol_rows) >= 4
 
 
+@pytest.mark.launch
 def test_ratios_are_finite_and_both_agents_learn(real_run):
     _, runs = real_run
     for agent, s in runs.items():
@@ -127,6 +127,7 @@ def test_ratios_are_finite_and_both_agents_learn(real_run):
         assert sum(f".{target}.lora_" in n for n in lora["trainable"]) == 60, target
 
 
+@pytest.mark.launch
 def test_saved_smollm2_agent_loads_as_adapter_and_merged_with_a_card_naming_the_base(real_run, tmp_path):
     from peft import AutoPeftModelForCausalLM
 

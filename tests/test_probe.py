@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from hacpo_trl.probe import _my_prompts, agent_stats, flags, generation_backend, pair_stats, render
+from helpers import accelerate_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,8 +127,6 @@ def _env():
 @pytest.fixture(scope="module")
 def state_pair(tmp_path_factory):
     """The probe on the state pair (4 prompts), then each trainer's own loss on the probe's generation batch."""
-    from conftest import accelerate_launch
-
     out = tmp_path_factory.mktemp("probe_state")
     proc = accelerate_launch(
         2, "probe_vs_trainer.py", str(out), "--config", str(ROOT / "recipes" / "tiny_state.yaml"), "--prompts", "4",
@@ -137,6 +136,7 @@ def state_pair(tmp_path_factory):
     return out, proc.stdout
 
 
+@pytest.mark.launch
 def test_probe_ratio_is_the_trainers_logged_ratio_for_the_same_row(state_pair):
     """The probe scores each peer row with the trainer's code: the ratio it reports for a fixed completion (the
     same generation batch) equals the ratio the trainer logs for that row in its first update."""
@@ -153,6 +153,7 @@ def test_probe_ratio_is_the_trainers_logged_ratio_for_the_same_row(state_pair):
     assert inside and outside  # both of the trainer's paths: rows in the gradient pass and rows left out of it
 
 
+@pytest.mark.launch
 def test_probe_on_the_state_pair_prints_the_table_and_writes_every_field(state_pair):
     out, stdout = state_pair
     assert "| trace-instruct <- trace-base | 32 |" in stdout and "| trace-base <- trace-instruct | 32 |" in stdout
@@ -179,6 +180,7 @@ def test_probe_on_the_state_pair_prints_the_table_and_writes_every_field(state_p
     assert all(f in stdout for f in report["flags"])
 
 
+@pytest.mark.launch
 def test_probe_flags_smollm2_and_tiny_llama_as_too_far_apart(tmp_path):
     recipe = {
         "task": "arithmetic", "reward_funcs": ["arithmetic_exact"], "eval_samples": 0,
@@ -202,6 +204,7 @@ def test_probe_flags_smollm2_and_tiny_llama_as_too_far_apart(tmp_path):
     assert not (tmp_path / "never_written").exists()  # the probe trains and saves nothing
 
 
+@pytest.mark.launch
 def test_probe_refuses_a_recipe_with_one_agent(tmp_path):
     (tmp_path / "one.yaml").write_text(yaml.safe_dump({"agents": [{"name": "a", "model_name_or_path": "x"}]}))
     proc = subprocess.run(
@@ -214,6 +217,7 @@ def test_probe_refuses_a_recipe_with_one_agent(tmp_path):
     )
 
 
+@pytest.mark.launch
 def test_probe_help_names_its_own_flags():
     proc = subprocess.run(
         [sys.executable, "-m", "hacpo_trl.probe", "--help"], capture_output=True, text=True, env=_env(), timeout=120

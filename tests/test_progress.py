@@ -5,9 +5,10 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
-from conftest import accelerate_launch
+from helpers import accelerate_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "recipes" / "demo_cpu.yaml"
@@ -30,6 +31,7 @@ def test_agents_line_names_each_agent_with_reward_and_capability():
     assert agents_line({"train_loss": 0.0}, ["a"]) == ""
 
 
+@pytest.mark.launch
 def test_one_bar_one_line_per_logging_step_and_no_warnings_of_ours(tmp_path, builtin_cache):
     out = tmp_path / "run"
     proc = _demo(out)
@@ -65,6 +67,7 @@ def test_one_bar_one_line_per_logging_step_and_no_warnings_of_ours(tmp_path, bui
     assert not [w for w in warnings if "gradient_checkpointing" in w], warnings
 
 
+@pytest.mark.launch
 def test_a_run_in_which_no_agent_scores_warns_once(tmp_path, builtin_cache):
     """The short-answer task graded by the worked-solution reward (no completion writes `so N`): every completion of
     both agents scores 0 in both generation batches, and the console says so once, from global rank 0."""
@@ -76,6 +79,7 @@ def test_a_run_in_which_no_agent_scores_warns_once(tmp_path, builtin_cache):
     assert "reward functions ['arithmetic_trace_answer']" in warned[0]
 
 
+@pytest.mark.launch
 def test_an_error_on_another_rank_still_reaches_the_console(tmp_path, builtin_cache, monkeypatch):
     """Global rank 1 is quiet, but not about its own failure."""
     (tmp_path / "rank1_reward.py").write_text(

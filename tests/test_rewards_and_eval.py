@@ -183,6 +183,7 @@ def test_gold_answers_of_benchmark_formats():
     assert _gold_answer(" 12 ") == "12"
 
 
+@pytest.mark.launch
 def test_hacpo_eval_cli_writes_json_and_markdown(tmp_path):
     import json
     import subprocess

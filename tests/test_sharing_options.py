@@ -19,7 +19,7 @@ from hacpo_trl.config import parse_learn_from
 from hacpo_trl.exchange import RolloutBatch
 from hacpo_trl.metrics import learns_from_metrics
 from hacpo_trl.peer_rows import build_peer_rows, rescued_prompts
-from test_peer_rows import BPE, CAPS, NAN, SELF_IDS, SELF_REWARDS, records, settings
+from helpers import BPE, CAPS, NAN, SELF_IDS, SELF_REWARDS, accelerate_launch, records, settings, summaries
 
 COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False)
 AGENTS = ["A", "B", "C"]
@@ -454,8 +454,6 @@ def gspo_run(tmp_path_factory):
     """Both agents as independent GSPO baselines (`share_rollouts: false`), launched as the sharing runs are (same
     processes and threads, so bit-for-bit comparisons hold on any CPU): 8 optimizer steps, 2 per generation batch of
     8 rows, 4 rows per update; llama0 with TRL's padded forwards (`trim_padding: false`)."""
-    from conftest import accelerate_launch, summaries
-
     out = tmp_path_factory.mktemp("gspo")
     proc = accelerate_launch(2, "train_agents.py", "--out", str(out), "--steps", "8", "--learning_rate", "0.2",
                              "--no_share", "--override", "0:trim_padding=false")  # fmt: skip
@@ -466,8 +464,6 @@ def gspo_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def learns_from_none(tmp_path_factory):
     """llama0 learns from no one, qwen1 from llama0: 8 optimizer steps, 4 generation batches of 2 updates."""
-    from conftest import accelerate_launch, summaries
-
     out = tmp_path_factory.mktemp("learns_from_none")
     proc = accelerate_launch(
         2,
@@ -488,6 +484,7 @@ def learns_from_none(tmp_path_factory):
     return out, summaries(out)
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_an_agent_that_learns_from_no_one_trains_exactly_as_gspo(learns_from_none, gspo_run, tmp_path):
     """Same schedule = the agent's own per_device_train_batch_size, steps_per_generation and gradient accumulation
@@ -513,6 +510,7 @@ def test_an_agent_that_learns_from_no_one_trains_exactly_as_gspo(learns_from_non
     assert _metric(llama, "loss") == _metric(gspo_llama, "loss")
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_a_solo_learner_with_the_papers_mini_batch_trains_exactly_as_gspo_with_the_papers_schedule(
     tmp_path, launch, gspo_run
@@ -522,8 +520,6 @@ def test_a_solo_learner_with_the_papers_mini_batch_trains_exactly_as_gspo_with_t
     step at all (no AdamW momentum step). Its parameters after 4 generation batches (16 micro-steps) equal TRL's
     GSPO with `steps_per_generation: 2` and 4 rows per update (8 updates) from the same base and seed, and its
     logged losses are TRL's at the updates it made and 0 at the skipped ones."""
-
-    from conftest import summaries
 
     launch(2, "train_agents.py", "--out", str(tmp_path / "run"), "--steps", "16", "--steps_per_generation", "4",
            "--learning_rate", "0.2", "--override", '0:learn_from="none"',
@@ -544,13 +540,12 @@ def test_a_solo_learner_with_the_papers_mini_batch_trains_exactly_as_gspo_with_t
     assert made == _metric(gspo_llama, "loss")
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_an_update_without_a_row_with_a_gradient_takes_no_step_with_skip_empty_updates(tmp_path, launch):
     """A band of width 1e-6 keeps no peer row, so in every generation batch (2 updates: own rows, then peer rows)
     the second update has no row with a gradient. llama0 (`skip_empty_updates`) keeps its weights through it;
     qwen1 (the official code's behaviour) still moves them: AdamW steps on its momentum."""
-    from conftest import summaries
-
     launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--delta", "1e-6", "--trace_params",
            "--override", "0:skip_empty_updates=true")  # fmt: skip
     llama, qwen = summaries(tmp_path)
@@ -564,6 +559,7 @@ def test_an_update_without_a_row_with_a_gradient_takes_no_step_with_skip_empty_u
     assert any(trace[i] != trace[i - 1] for i in empty)
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_band_gate_closes_a_peer_with_no_row_in_the_band_and_the_learner_trains_as_gspo(
     learns_from_none, tmp_path, launch
@@ -572,8 +568,6 @@ def test_band_gate_closes_a_peer_with_no_row_in_the_band_and_the_learner_trains_
     at every batch, and its weights equal those of the run in which it learns from no one by `learn_from` (itself
     TRL's GSPO, see above): the band-gate forward leaves the RNG and everything else as it was. qwen1, whose own band
     is [0, 1] (`peer_delta: 1.0`), learns from llama0 at exactly the batches where some row is in the band."""
-    from conftest import summaries
-
     launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--learning_rate", "0.2", "--delta", "1e-6",
            "--override", "0:band_gate=true", "--override", "1:band_gate=true",
            "--override", "1:peer_delta=1.0", "--override", "0:trim_padding=false")  # fmt: skip
@@ -597,14 +591,13 @@ def test_skip_empty_updates_is_refused_under_deepspeed(tmp_path, monkeypatch):
         HACPOConfig(output_dir=str(tmp_path), skip_empty_updates=True, **COMMON)
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_gate_and_fade_through_the_trainer_and_others_receive_the_same(learns_from_none, tmp_path, launch):
     """llama0 gated at 1.0 (learns from qwen1 only while P̂_qwen1 >= P̂_llama0): each generation batch it learns from
     qwen1 exactly when the logged capabilities say so, and builds no peer row otherwise. qwen1 fades its peer rows
     out over 4 steps. qwen1's first peer rows (llama0's first completions in qwen1's tokens) are the same whether
     llama0 learns from no one or is gated."""
-    from conftest import summaries
-
     launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--record_peers",
            "--override", "0:capability_gate=1.0", "--override", "1:peer_fade_steps=4")  # fmt: skip
     llama, qwen = summaries(tmp_path)
@@ -620,6 +613,7 @@ def test_gate_and_fade_through_the_trainer_and_others_receive_the_same(learns_fr
     assert qwen["peers"]["rows"] == qwen_none["peers"]["rows"] and len(qwen["peers"]["rows"]) == 8
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_gate_warmup_closes_every_peer_for_the_first_batches_through_the_trainer(tmp_path, launch, accumulation):
@@ -627,8 +621,6 @@ def test_gate_warmup_closes_every_peer_for_the_first_batches_through_the_trainer
     closed at batches 1 and 2 although the gate alone would open them, then as the gate says, with peer rows. With
     2 micro-batches per update (each generation batch is then 1 update, not 2) the warm-up still counts generation
     batches (it counted optimizer steps ÷ micro-batches per batch, so stayed closed twice as long)."""
-    from conftest import summaries
-
     launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--gradient_accumulation_steps", str(accumulation),
            "--override", "0:capability_gate=1e-9", "--override", "0:capability_gate_warmup=2")  # fmt: skip
     llama, _ = summaries(tmp_path)
@@ -639,6 +631,7 @@ def test_gate_warmup_closes_every_peer_for_the_first_batches_through_the_trainer
     assert [n > 0 for n in _metric(llama, "hacpo/peer_rows")] == [False, False, *(g > 0 for g in by_gate[2:])]
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("task", ["digits", "arithmetic"])
 def test_gate_confidence_opens_as_the_logged_evidence_says_through_the_trainer(tmp_path, launch, task):
@@ -649,8 +642,6 @@ def test_gate_confidence_opens_as_the_logged_evidence_says_through_the_trainer(t
     sum, so both P̂ sit together near the floor: the plain gate (P̂_peer >= P̂_learner) is open for at least one
     learner at every batch, the evidence (z far below 4.75) for neither."""
     import statistics
-
-    from conftest import summaries
 
     gate = ["--override", "0:capability_gate=1.0", "--override", "1:capability_gate=1.0"]
     conf = [
@@ -678,6 +669,7 @@ def test_gate_confidence_opens_as_the_logged_evidence_says_through_the_trainer(t
         assert plain_only >= 6
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_gate_rescue_lends_a_closed_peers_rows_on_failed_prompts_only_through_the_trainer(tmp_path, launch):
     """llama0 gated at 100 (qwen1 closed unless P̂_llama0 is 0) with the rescue, the solo schedule (2 of 4 updates)
@@ -687,8 +679,6 @@ def test_gate_rescue_lends_a_closed_peers_rows_on_failed_prompts_only_through_th
     and 2 hold the own rows as GSPO's do, with half the rescued rows each) at a batch whose peer rows are rescued ones
     only. The same run without the rescue trains bit for bit alike until the first
     rescued prompt, and differently from its update on: the rescue changes nothing else."""
-    from conftest import summaries
-
     common = ["--steps", "32", "--steps_per_generation", "4", "--generation_batch", "16", "--trace_params",
               "--override", "0:capability_gate=100.0", "--override", "0:solo_steps_per_generation=2",
               "--override", "0:peer_delta=1.0", "--override", '0:peer_filter="correct"']  # fmt: skip
@@ -765,13 +755,12 @@ def test_options_are_recipe_settings(tmp_path, capsys):
     assert "hacpo-train: error: `learn_from` names unknown agent(s) ['teacher']" in capsys.readouterr().err
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_a_two_process_agent_that_learns_from_no_one(tmp_path, launch):
     """The learn-from-none path on an agent of 2 data-parallel ranks: both ranks take it together (the capability
     every decision reads is the same on all ranks), so no collective of the agent's world is left waiting. The
     other agent filters its peer rows (`peer_filter` differs per agent: no longer refused at start-up)."""
-    from conftest import summaries
-
     launch(3, "train_agents.py", "--agents", "llama:2,qwen:1", "--out", str(tmp_path), "--steps", "4",
            "--override", '0:learn_from="none"', "--override", '1:peer_filter="correct"')  # fmt: skip
     runs = summaries(tmp_path)
@@ -840,6 +829,7 @@ def test_positive_filter_keeps_peer_rows_with_a_positive_advantage():
     assert torch.equal(positive.self_advantages, every.self_advantages)  # the baseline kept every row
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_skipped_updates_through_an_evaluation_and_an_engine_owned_schedule(tmp_path, launch):
     """A gated-off llama0 (P̂ 0.5 against qwen1's 0) skips updates 3 and 4 of each generation batch:
@@ -851,8 +841,6 @@ def test_skipped_updates_through_an_evaluation_and_an_engine_owned_schedule(tmp_
       no-op, the real one steps inside the update's backward call) a skipped update still advances it, as the
       Trainer's own schedule does on every other backend;
     - the logs say which updates were skipped (`hacpo/skipped_updates`) and give them no gradient norm."""
-    from conftest import summaries
-
     launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--steps_per_generation", "4",
            "--zero_reward", "1", "--correct_on_rank0", "--eval_steps", "1", "--engine_scheduler",
            *[f"--override={i}:{k}={v}" for i in (0, 1) for k, v in [("capability_gate", "1.0"),
@@ -869,13 +857,12 @@ def test_skipped_updates_through_an_evaluation_and_an_engine_owned_schedule(tmp_
     assert llama["engine_schedule_steps"] == qwen["engine_schedule_steps"] == 8  # as the Trainer's 8 steps
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_a_log_that_ends_on_a_skipped_update_has_no_grad_norm(tmp_path, launch):
     """transformers logs the gradient norm of a log window's last update. llama0, gated off, skips updates 3 and 4
     of each generation batch; logged every 3 updates, the first window (updates 1–3) ends on a skipped update, whose
     norm would read 0 (DeepSpeed: the previous update's), so it has none; the second (4–6) ends on a real one."""
-    from conftest import summaries
-
     launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--steps_per_generation", "4",
            "--zero_reward", "1", "--correct_on_rank0", "--logging_steps", "3",
            *[f"--override={i}:{k}={v}" for i in (0, 1) for k, v in [("capability_gate", "1.0"),
@@ -888,14 +875,13 @@ def test_a_log_that_ends_on_a_skipped_update_has_no_grad_norm(tmp_path, launch):
     assert ["grad_norm" in e for e in windows] == [False, True]
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_a_solo_learner_computes_reference_log_probs_in_the_gspo_baselines_chunks(tmp_path, launch):
     """With `beta` > 0 TRL's reference pass chunks a generation batch by `per_device_train_batch_size`: 2 rows in
     the sharing schedule (4 updates of 8 own rows), 4 in the GSPO baseline's (2 updates). A learner with
     `solo_steps_per_generation: 2` computes it in GSPO's 4-row chunks, as its old log-probs (on a GPU a forward's
     shape can change the last bits); a learner without it keeps TRL's 2."""
-    from conftest import summaries
-
     launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--steps_per_generation", "4",
            "--record_forwards", "--override", '0:learn_from="none"', "--override", "0:solo_steps_per_generation=2",
            *[f"--override={i}:beta=0.04" for i in (0, 1)])  # fmt: skip
@@ -907,6 +893,7 @@ def test_a_solo_learner_computes_reference_log_probs_in_the_gspo_baselines_chunk
         assert [f[1] for f in summary["forwards"] if f[0] == "old_logps"] == ref
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_a_solo_batch_keeps_old_log_probs_exactly_when_the_gspo_baseline_computes_them(tmp_path, launch, accumulation):
@@ -915,8 +902,6 @@ def test_a_solo_batch_keeps_old_log_probs_exactly_when_the_gspo_baseline_compute
     no one, `solo_steps_per_generation: 2`) makes 2 updates of 1 micro-batch, where GSPO with that schedule computes
     them too, or with 2 micro-batches per update 1 update, where GSPO computes none and its ratio is exactly 1: then
     its micro-batches hold none either."""
-    from conftest import summaries
-
     launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", str(8 // accumulation),
            "--steps_per_generation", "4", "--gradient_accumulation_steps", str(accumulation), "--record_layout",
            "--override", '0:learn_from="none"', "--override", "0:solo_steps_per_generation=2")  # fmt: skip
@@ -926,6 +911,7 @@ def test_a_solo_batch_keeps_old_log_probs_exactly_when_the_gspo_baseline_compute
     assert llama["layouts"] == [[[4, 0, 0, kept], [4, 0, 0, kept], None, None]] * 2
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_updates_without_gradients_step_through_a_grad_scaler(tmp_path, launch):
     """fp16 mixed precision (on an accelerator, without DeepSpeed) steps through torch's GradScaler, which fails an
@@ -939,8 +925,6 @@ def test_updates_without_gradients_step_through_a_grad_scaler(tmp_path, launch):
 
     Both finish all 8 steps, qwen1's own rows train (below llama0's rewards in its joint baseline), and the scaler is
     enabled again with its scale as it started (no inf was ever found)."""
-    from conftest import summaries
-
     launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--steps_per_generation", "4",
            "--zero_reward", "1", "--correct_on_rank0", "--trace_params", "--grad_scaler",
            "--override", "1:peer_delta=1e-6", "--override", "1:skip_empty_updates=true",

@@ -12,8 +12,8 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import accelerate_launch, hang_guard
 from hacpo_trl.train import RecipeError, check_recipe, load_recipe
+from helpers import accelerate_launch, hang_guard
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -99,6 +99,7 @@ def test_a_key_given_twice_is_an_error(tmp_path):
         load_recipe(str(path))
 
 
+@pytest.mark.launch
 def test_cli_rejects_a_bad_recipe_before_loading_any_model(tmp_path):
     recipe = {**GOOD, "agents": [{"name": "a", "model_name_or_path": "builtin:tiny-llama"}], "learnin_rate": 1}
     path = tmp_path / "bad.yaml"
@@ -158,6 +159,7 @@ def _built(agent: str) -> dict:
     return build_record(build_agent(agent))
 
 
+@pytest.mark.launch
 @pytest.mark.timeout(2400)
 def test_demo_trains_two_builtin_agents_end_to_end(tmp_path, builtin_cache):
     """The short-answer CPU demo recipe (`recipes/demo_cpu.yaml`, the quickstart notebook's; 120 steps, 300 held-out

@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import summaries
+from helpers import summaries
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.launch, pytest.mark.timeout(900)]
 
 
 def _metric(summary: dict, key: str) -> list:
