@@ -165,11 +165,11 @@ def test_each_rank_records_its_global_rank_and_the_timers_before_trl_averages_th
         monkeypatch.setattr(torch.cuda, name, value)
     monkeypatch.setenv("RANK", "0")  # agent-local
     monkeypatch.setenv("HACPO_GLOBAL_RANK", "1")
-    import hacpo_trl.metrics
-    import hacpo_trl.trainer
+    import time
 
-    monkeypatch.setattr(hacpo_trl.trainer, "time", hacpo_trl.trainer.time)  # restored after the test
-    monkeypatch.setattr(hacpo_trl.metrics, "time", hacpo_trl.metrics.time)
+    for name, module in list(sys.modules.items()):  # the instrumented clocks are put back after the test
+        if name.startswith("hacpo_trl.") and getattr(module, "time", None) is time:
+            monkeypatch.setattr(module, "time", time)
     gpu_check._instrument(str(tmp_path))
     trainer = types.SimpleNamespace(agent="q17b", _metrics={"train": {}}, model=types.SimpleNamespace(training=True))
     HACPOTrainer.train(trainer)
