@@ -54,6 +54,7 @@ def test_what_calibrated_the_plan_by_hand():
     #    rows are 27 + 512 = 539 tokens, not 1,024 + 512 (2.8x the activations: 21.9 GiB planned before)
     found, notes = prompt_tokens(load_recipe(str(ROOT / "recipes" / "one_gpu_qwen3_shapes.yaml")), _specs())
     assert found == {"q4b": 27, "q17b": 27} and notes == []
+    assert [a.batch["prompt_tokens"] for a in plan.agents] == [27, 27]  # also the balance line's row length
     tokens = 32 * 539  # rows per forward x tokens
     layers = tokens * 2560 * 36 * 2 + tokens * 190_464 * 1.5  # checkpointed inputs + one recomputed layer
     head = 4 * 2560 * 32 * 512 + 4096 * 32768 * 2  # fused head: fp32 hidden-state gradient + one tile (frozen head)

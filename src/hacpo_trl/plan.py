@@ -560,7 +560,9 @@ def make_plan(
         beta = float(_get(recipe, spec, "beta", 0.0))
         max_len = _get(recipe, spec, "vllm_max_model_length")
         prompt = (prompt_tokens or {}).get(name)
-        seq = int(max_len) if max_len else completion + (prompt if prompt is not None else DEFAULT_PROMPT_TOKENS)
+        prompt = prompt if prompt is not None else DEFAULT_PROMPT_TOKENS
+        seq = int(max_len) if max_len else completion + prompt
+        batch["prompt_tokens"] = seq - completion  # the rows' prompt allowance (balance's cost model reads it)
         util = float(_get(recipe, spec, "vllm_gpu_memory_utilization", 0.3))
         colocate = use_vllm and vllm_mode == "colocate" and not on_cpu
         vllm_gib = util * device_gib if colocate and device_gib else 0.0

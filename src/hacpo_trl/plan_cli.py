@@ -255,5 +255,6 @@ def main(argv: list[str]) -> int:
         print(format_plan(plan), flush=True)
         if len(plan.agents) > 1:
             agents = [(a.name, a.params, len(a.ranks)) for a in plan.agents]
-            print("\n".join(balance.report({**_defaults(), **recipe}, agents)), flush=True)
+            prompt = sum(a.batch["prompt_tokens"] for a in plan.agents) / len(plan.agents)
+            print("\n".join(balance.report({**_defaults(), **recipe}, agents, prompt)), flush=True)
     return 0 if plan.ok else 1
