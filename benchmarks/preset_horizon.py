@@ -1,7 +1,7 @@
 """The recommended preset against GSPO at two points of the same runs, and how often each agent's gate opened: does
 the preset keep protecting the stronger agent, and keep lifting the weaker one, when training runs twice as long?
 
-    python benchmarks/preset_horizon.py     # reads benchmarks/runs/validation-96steps-b3 (RESULTS.md, sixth session)
+    python benchmarks/preset_horizon.py     # reads benchmarks/runs/validation-96steps-b3 (benchmarks/CHANGELOG.md, 2026-11-25)
 
 Reads the finished runs of `reproduce.py --split validation --steps 96 --eval_every 16 --pairs state model --methods
 GSPO "<preset>"` (the curve points at 48 and 96 generation batches, and each agent's logged

@@ -434,7 +434,7 @@ def test_plan_sizes_a_rescue_batch_for_all_peer_rows_in_the_solo_micro_batches(h
 
 
 def test_plan_notes_a_max_steps_that_ends_inside_a_generation_batch(hub_cache):
-    """The preset recipe makes 4 updates per generation batch: `--max_steps 10` (the README's short trial) is
+    """The preset recipe makes 4 updates per generation batch: `--max_steps 10` (docs/training.md's short trial) is
     allowed, with a note that its final checkpoint is mid-batch; 8 gets no note."""
     recipe = yaml.safe_load((ROOT / "recipes" / "qwen3_1.7b_base_x_qwen3_4b_base_preset.yaml").read_text())
     launch = launch_from_accelerate(yaml.safe_load((ROOT / "accelerate_configs" / "zero2_8gpu.yaml").read_text()))

@@ -50,7 +50,7 @@ def test_two_heterogeneous_agents_train_and_share(two_agents):
 
 
 def test_logged_metrics_are_consistent(two_agents):
-    """The per-agent metrics a user reads (README "Metrics"), checked for values, not just presence."""
+    """The per-agent metrics a user reads (docs/training.md, "Metrics"), checked for values, not just presence."""
     _, runs = two_agents
     llama, qwen = runs
     for s in runs:

@@ -1,0 +1,189 @@
+"""The documentation is current: links resolve, the generated parts match their generators, the README's first
+screen says what a user needs, `make demo` trains with the preset, and no file narrates the project's development."""
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINKED = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "benchmarks").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _module(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+def _prose(text: str) -> str:
+    """The text outside fenced code blocks and inline code, where a link is a link."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case; letters, marks, digits, '_', '-' and spaces kept; spaces to '-'."""
+    kept = (c for c in heading.strip().lower() if c in "-_ " or unicodedata.category(c)[0] in "LMN")
+    return "".join(kept).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", text, flags=re.M):
+        base = slug(heading)
+        out.add(base if base not in seen else f"{base}-{seen[base]}")
+        seen[base] = seen.get(base, 0) + 1
+    return out
+
+
+def test_slug_follows_github():
+    assert slug("Cost of a step: GSPO, HACPO and GSPO×2 (`benchmarks/overhead.py`)") == (
+        "cost-of-a-step-gspo-hacpo-and-gspo2-benchmarksoverheadpy"
+    )
+    assert slug("`capability_gate_confidence`") == "capability_gate_confidence"
+    assert slug("Rule 8 on validation: the gate's rescue") == "rule-8-on-validation-the-gates-rescue"
+
+
+def test_every_relative_link_and_anchor_resolves():
+    broken = []
+    for page in LINKED:
+        for target in LINK.findall(_prose(page.read_text())):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no heading with that anchor)")
+    assert not broken, "\n".join(broken)
+
+
+def test_a_broken_link_is_caught(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Top\n\n[ok](#top) [bad](#nowhere) `[code](#ignored)`\n")
+    assert [t for t in LINK.findall(_prose(page.read_text()))] == ["#top", "#nowhere"]
+    assert "nowhere" not in anchors(page) and "top" in anchors(page)
+
+
+def test_options_reference_is_current():
+    make_options = _module(ROOT / "docs" / "make_options.py")
+    expected = make_options.render((ROOT / "src" / "hacpo_trl" / "config.py").read_text())
+    assert (ROOT / "docs" / "options.md").read_text() == expected, (
+        "docs/options.md is stale: run `make docs` (python docs/make_options.py) and commit it"
+    )
+    for option in ("peer_filter", "capability_gate_confidence", "solo_steps_per_generation", "band_gate"):
+        assert f"### `{option}`" in expected  # every documented option gets its own heading (an anchor)
+
+
+def test_results_first_screen_is_current():
+    summary = _module(ROOT / "benchmarks" / "summary.py")
+    report = json.loads((ROOT / "benchmarks" / "results.json").read_text())
+    text = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    committed = text.split("<!-- summary -->\n", 2)[1].rstrip("\n")
+    assert committed == "\n".join(summary.lines_for(report)), (
+        "benchmarks/RESULTS.md's first section is stale: run `python benchmarks/summary.py` and commit it"
+    )
+    head = text.splitlines()[:80]
+    rows = [line for line in head if line.startswith("| ") and re.search(r"\| \d+/\d+ \|", line)]
+    pairs = {line.split(" | ")[0].strip("| ") for line in rows}
+    assert pairs == set(report["settings"]) and len(rows) == 2 * len(pairs)  # both agents of every pair, in 80 lines
+
+
+def _first_screen_figures() -> dict[str, str]:
+    """Each pair's weaker agent: the preset − GSPO figure as the README writes it, recomputed from results.json."""
+    summary = _module(ROOT / "benchmarks" / "summary.py")
+    report = json.loads((ROOT / "benchmarks" / "results.json").read_text())
+    out = {}
+    for pair in ("state", "size", "model"):
+        entry = report["settings"][pair]
+        (_, _), (weaker, _) = summary._roles(pair, entry["agents"])
+        figure, _ = summary._diff(entry["accuracy"][weaker], report["recommended"])
+        out[pair] = figure.replace("-", "−")
+    return out
+
+
+def test_readme_first_screen_has_the_commands_the_preset_and_its_effect():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; move detail to docs/"
+    first = "\n".join(lines[:60])
+    words = " ".join(first.split())
+    for command in ("make demo", "make test", "accelerate launch", "hacpo-probe", "--plan"):
+        assert command in first, command
+    settings = json.loads((ROOT / "benchmarks" / "results.json").read_text())["recommended_settings"]
+    for key, value in settings.items():
+        value = str(value).lower() if isinstance(value, bool) else str(value)
+        assert re.search(rf"^{key}: {re.escape(value)}\b", first, flags=re.M), (key, value)
+    for pair, figure in _first_screen_figures().items():
+        assert figure in words, (pair, figure)  # the weaker agent's measured gain, as results.json gives it
+    assert "8/8 seeds" in words  # the stronger agent equal to GSPO
+
+
+def _makefile_flags(name: str) -> dict[str, str]:
+    """A Makefile variable of `--key value` flags, as a mapping."""
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    words = re.search(rf"^{name} = (.*)$", text, flags=re.M).group(1).split()
+    return dict(zip(words[::2], words[1::2], strict=True))
+
+
+def test_make_demo_trains_with_the_recommended_preset():
+    reproduce = _module(ROOT / "benchmarks" / "reproduce.py")
+    preset = {k: v for k, v in reproduce.METHODS[reproduce.RECOMMENDED][0].items() if k not in reproduce.HACPO_SCHEDULE}
+    flags = reproduce._flags(preset)
+    assert _makefile_flags("PRESET_ARGS") == dict(zip(flags[::2], flags[1::2], strict=True)), (
+        "Makefile's PRESET_ARGS differs from RECOMMENDED in benchmarks/reproduce.py"
+    )
+    flags = reproduce._flags(reproduce.METHODS["GSPO"][0])
+    assert _makefile_flags("GSPO_ARGS") == dict(zip(flags[::2], flags[1::2], strict=True))
+
+
+@pytest.mark.parametrize(
+    ("args", "folder", "preset"),
+    [((), "outputs/demo_size_preset", True), (("DEMO_METHOD=paper",), "outputs/demo_size_paper", False),
+     (("DEMO_PAIR=state", "DEMO_METHOD=gspo"), "outputs/demo_state_gspo", False)],
+)  # fmt: skip
+def test_each_demo_variant_has_its_own_folder(tmp_path, args, folder, preset):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").touch()
+    (venv / ".installed").touch()  # newer than pyproject.toml: nothing to install
+    dry = subprocess.run(
+        ["make", "-n", "demo", f"VENV={venv}", *args], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    assert f"--output_dir {folder} " in dry
+    assert ("--capability_gate 1.0" in dry) == preset
+
+
+def test_no_file_narrates_the_projects_development():
+    pattern = re.compile(
+        r"\b(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|next|previous|this|that|last) "
+        r"session\b|session's machine",
+        re.I,
+    )
+    files = [ROOT / "README.md", ROOT / "Makefile", ROOT / ".gitignore"]
+    for folder, glob in (("docs", "*"), ("benchmarks", "*.md"), ("benchmarks", "*/*.md"), ("benchmarks", "*.py")):
+        files += sorted((ROOT / folder).glob(glob))
+    for folder in ("src", "tests", "recipes", "accelerate_configs"):
+        files += sorted(p for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".yaml", ".md"))
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in files
+        if path.is_file()
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line) and path != Path(__file__)
+    ]
+    assert not found, "\n".join(found)
