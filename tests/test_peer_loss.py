@@ -140,3 +140,41 @@ def test_update_index_and_self_on_policy():
     assert self_on_policy(4, 4, vllm_weights=False) and self_on_policy(8, 4, vllm_weights=False)
     assert not self_on_policy(2, 4, vllm_weights=False)  # a generation batch serves two updates
     assert not self_on_policy(4, 4, vllm_weights=True)  # vLLM importance weights need the stored log-probs
+
+
+def test_taught_weight_by_hand():
+    from hacpo_trl.peer_loss import taught_weight
+
+    s = torch.tensor([0.01, 0.1, 0.5, 1.0, 3.0])
+    # (1 + 0.1) s / (s + 0.1), at most 1: 0.011/0.11, 0.11/0.2, 0.55/0.6, 1, min(3.3/3.1, 1)
+    torch.testing.assert_close(taught_weight(s), torch.tensor([0.1, 0.55, 0.55 / 0.6, 1.0, 1.0]))
+
+
+def test_a_taught_row_at_ratio_half_carries_gradient_where_the_same_row_elsewhere_is_clipped():
+    """Two peer rows with s = 0.5 (below lb_0 = 0.8), advantage 1, ω 1: the one from a peer that teaches its prompt
+    gets the weight w(0.5) = 0.55/0.6 and a gradient; the other is dropped by the band and gets none."""
+    from hacpo_trl.peer_loss import taught_weight
+
+    inputs = _inputs([0.5, 0.5])
+    inputs["hacpo_omega"] = torch.ones(3)
+    inputs["advantages"] = torch.tensor([0.0, 1.0, 1.0])
+    inputs["hacpo_taught"] = torch.tensor([False, True, False])
+    config = HACPOLossConfig()
+    candidates = inputs["hacpo_is_peer"] & inputs["hacpo_valid"]
+    clipped = score_peer_rows(torch.full((2, 2), -1.0), inputs, candidates, 0, config)
+    assert clipped[0].tolist() == [False, False, True]  # only the row that is not taught is dropped
+    rows = gradient_rows(inputs["hacpo_is_peer"], clipped)
+    logps = torch.full((3, 2), -1.0, requires_grad=True)
+    out = rows_loss(logps[rows], inputs, rows, 0, clipped, config)
+    out.loss.backward()
+    w = 0.55 / 0.6
+    assert float(taught_weight(torch.tensor(0.5))) == pytest.approx(w)
+    # the taught row: objective A·ω·w = w; d(-loss)/d logp_t = A·ω·w / (2 tokens) / (3 rows in the mean)
+    assert out.objective[1].item() == pytest.approx(w, rel=1e-5) and out.ratio[1].item() == pytest.approx(0.5)
+    torch.testing.assert_close(logps.grad[1], torch.full((2,), -w / 2 / 3))
+    # the clipped row and the self row (advantage 0): no gradient; the loss is -(0 + w + 0.8·0.8^1) / 3
+    torch.testing.assert_close(logps.grad[2], torch.zeros(2))
+    assert out.loss.item() == pytest.approx(-(w + 0.8 * 0.8) / 3, rel=1e-5)
+    # without the flag both rows are dropped and nothing has a gradient
+    inputs["hacpo_taught"] = torch.zeros(3, dtype=torch.bool)
+    assert score_peer_rows(torch.full((2, 2), -1.0), inputs, candidates, 0, config)[0].tolist() == [False, True, True]

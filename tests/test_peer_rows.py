@@ -149,6 +149,16 @@ def test_rows_appended_in_trls_layout():
     torch.testing.assert_close(
         out["advantages"], torch.cat([rows.self_advantages, torch.tensor(rows.advantages + [0.0])])
     )
+    assert out["hacpo_taught"].tolist() == [False] * 9  # no peer teaches here
+
+
+def test_rows_of_a_teaching_peer_are_flagged_for_the_bounded_weight():
+    rows = build_peer_rows(SELF_IDS, SELF_REWARDS, records(), "A", ["A", "B", "C"], CAPS, settings(), BPE, taught={"C"})
+    assert rows.sources == ["B", "B", "C", "C"] and rows.taught == [False, False, True, True]
+    batch = _self_batch()
+    tokens = self_prompt_tokens(SELF_IDS, batch["prompt_ids"], batch["prompt_mask"])
+    out = append_peer_rows(batch, rows, tokens, SELF_IDS, steps_per_generation=3, pad_id=0)
+    assert out["hacpo_taught"].tolist() == [False] * 4 + [False, False, True, True] + [False]
 
 
 def test_nothing_to_append_keeps_trls_tensors():

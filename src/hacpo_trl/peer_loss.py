@@ -1,7 +1,11 @@
 """The HACPO loss of one mini-batch as the trainer computes it: which rows get a backward pass, the loss over them,
 and per-row ratios and clip flags for the whole mini-batch. Pure torch over TRL's batch columns plus ours
-(``hacpo_is_peer``, ``hacpo_valid``, ``hacpo_old_mean_logp``, ``hacpo_old_len``, ``hacpo_omega``); every forward
-pass and every collective decision stays in :class:`~hacpo_trl.trainer.HACPOTrainer`.
+(``hacpo_is_peer``, ``hacpo_valid``, ``hacpo_old_mean_logp``, ``hacpo_old_len``, ``hacpo_omega``,
+``hacpo_taught``); every forward pass and every collective decision stays in :class:`~hacpo_trl.trainer.HACPOTrainer`.
+
+Taught rows (not in the paper): the rows of a peer on the prompts where it did better than the learner
+(`peer_prompts: better`) are what the learner cannot produce itself, so their ratio is often far below the band, which
+would drop them. They get :func:`taught_weight` instead: a bounded weight that does not vanish at low ratios.
 
 ``clipped`` below is what :func:`score_peer_rows` returns: ``(dropped, objective, ratio, bound)`` for the peer rows
 left out of the gradient pass (their mask, their summed constant objective, their ratio on the whole mini-batch,
@@ -9,6 +13,8 @@ zero elsewhere, and the lower bound applied), or None when every row gets a back
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -23,6 +29,7 @@ from .algorithm import (
 )
 
 __all__ = [
+    "TAUGHT_GAMMA",
     "batch_row_flags",
     "current_update",
     "gradient_rows",
@@ -31,9 +38,29 @@ __all__ = [
     "rows_loss",
     "score_peer_rows",
     "self_on_policy",
+    "taught_objective",
+    "taught_weight",
 ]
 
 Clipped = tuple[torch.Tensor, float, torch.Tensor, float]
+TAUGHT_GAMMA = 0.1  # LUFFY's shaping constant (Yan et al., 2025, "Learning to Reason under Off-Policy Guidance")
+
+
+def taught_weight(ratio: torch.Tensor, gamma: float = TAUGHT_GAMMA) -> torch.Tensor:
+    """The weight of a taught row: (1 + γ)·s / (s + γ), at most 1. LUFFY's policy shaping s / (s + γ), scaled to be 1
+    at s = 1 (an on-policy row's weight), so it stays large where the band would clamp: 0.92 at s = 0.5, 0.55 at 0.1,
+    0.10 at 0.01, instead of 0 below lb_m."""
+    return ((1 + gamma) * ratio / (ratio + gamma)).clamp(max=1.0)
+
+
+def taught_objective(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, coefficient: torch.Tensor, gamma: float = TAUGHT_GAMMA
+) -> torch.Tensor:
+    """Per taught row: A · ω · w(s), w = :func:`taught_weight` held constant, whose gradient is A · ω · w(s) · ∇ log s
+    (the peer trace's mean log-prob under the learner, weighted, as CISPO keeps every row's gradient with a clipped
+    weight). No band and no stepwise bound: the row is never dropped."""
+    weight = taught_weight(log_ratio.detach().exp(), gamma)
+    return advantages * coefficient * weight * (1 + log_ratio - log_ratio.detach())
 
 
 def current_update(
@@ -89,6 +116,8 @@ def score_peer_rows(
     ratio = peer_log_ratios(logps, inputs, candidates, config).exp()
     bound = stepwise_lower_bound(update_index, config.delta, config.delta_step)
     outside = ~in_band(ratio, bound)
+    if "hacpo_taught" in inputs:  # a taught row is never dropped: its weight does not vanish outside the band
+        outside = outside & ~inputs["hacpo_taught"][candidates]
     if not outside.any():
         return None
     omega = inputs["hacpo_omega"][candidates].to(ratio.dtype)
@@ -150,7 +179,21 @@ def rows_loss(
             ratio = (ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
         weights = torch.where(sub_peer, torch.ones_like(ratio.reshape(-1)), ratio.reshape(-1))
     ref = inputs.get("ref_per_token_logps")
-    return hacpo_loss(
+    outside_rows = 0 if clipped is None else int(clipped[0].sum())
+    outside_objective = 0.0 if clipped is None else clipped[1]
+    taught = inputs["hacpo_taught"][rows] & sub_valid if "hacpo_taught" in inputs else None
+    if taught is not None and bool(taught.any()):  # their own objective; the paper's loss counts them as constants
+        log_ratio = sequence_log_ratio(
+            logps[taught], mask[taught], old_mean[taught], inputs["hacpo_old_len"][rows][taught],
+            mode=config.ratio_mode, max_abs_log_ratio=config.max_abs_log_ratio,
+        )  # fmt: skip
+        omega = inputs["hacpo_omega"][rows][taught].to(logps.dtype)
+        coefficient = omega if config.capability_coefficient else torch.ones_like(omega)
+        taught_obj = taught_objective(log_ratio, inputs["advantages"][rows][taught].to(logps.dtype), coefficient)
+        sub_valid = sub_valid & ~taught
+        outside_rows += int(taught.sum())
+        outside_objective = outside_objective + taught_obj.sum()
+    out = hacpo_loss(
         logps,
         mask,
         old_mean,
@@ -162,10 +205,15 @@ def rows_loss(
         ref_logps=None if ref is None else ref[rows],
         valid=sub_valid,
         weights=weights,
-        outside_rows=0 if clipped is None else int(clipped[0].sum()),
-        outside_objective=0.0 if clipped is None else clipped[1],
+        outside_rows=outside_rows,
+        outside_objective=outside_objective,
         config=config,
     )
+    if taught is None or not bool(taught.any()):
+        return out
+    ratio, objective = out.ratio.clone(), out.objective.clone()
+    ratio[taught], objective[taught] = log_ratio.detach().exp().to(ratio.dtype), taught_obj.detach().to(objective.dtype)
+    return dataclasses.replace(out, ratio=ratio, objective=objective)
 
 
 def batch_row_flags(

@@ -73,6 +73,7 @@ def add_self_columns(batch: dict, old_logps: torch.Tensor, rewards: torch.Tensor
     batch["hacpo_old_len"] = lengths.to(device)
     batch["hacpo_omega"] = torch.ones(n_self, device=device)
     batch["hacpo_valid"] = (lengths > 0) & torch.isfinite(rewards).to(device) & torch.isfinite(old_mean)
+    batch["hacpo_taught"] = torch.zeros(n_self, dtype=torch.bool, device=device)
     return {
         "rewards": rewards.tolist(),
         "old_mean_logps": old_mean.cpu().tolist(),
@@ -94,6 +95,7 @@ class PeerRows:
     omega: list[float] = field(default_factory=list)  # ω(source, learner), Eq. (8)
     rewards: list[float] = field(default_factory=list)  # the generator's reward for it
     valid: list[bool] = field(default_factory=list)  # gets a loss (False: in the baseline only)
+    taught: list[bool] = field(default_factory=list)  # from a peer that teaches this prompt: the bounded weight
     self_advantages: torch.Tensor = field(default_factory=lambda: torch.zeros(0))  # the self rows' (joint) advantages
     rejected: int = 0  # non-finite reward or old log-prob, or nothing left after re-tokenization
     truncated: int = 0  # cut to max_completion_length in the learner's tokens
@@ -141,6 +143,7 @@ def build_peer_rows(
     tokenizer,
     peer_weight: float = 1.0,
     only_prompts: Mapping[str, Collection[str]] | None = None,
+    taught: Collection[str] = (),
 ) -> PeerRows:
     """The peer rows for this process's self rows (``prompt_ids`` and ``rewards``, NaN = unscorable).
 
@@ -156,7 +159,8 @@ def build_peer_rows(
     multiplies the peer rows' advantages, so their objectives (the peer term is linear in A), after the baseline:
     the fade of ``peer_fade_steps`` (:func:`~hacpo_trl.algorithm.peer_fade_weight`). A peer named in
     ``only_prompts`` enters only the joint groups of those prompts, rows and rewards alike (the prompts a closed peer
-    rescues, :func:`rescued_prompts`); elsewhere it is left out as if not learned from.
+    rescues, :func:`rescued_prompts`); elsewhere it is left out as if not learned from. The rows of a peer in
+    ``taught`` are flagged for the bounded weight of :func:`~hacpo_trl.peer_loss.taught_weight` instead of the band.
     """
     only_prompts = only_prompts or {}
     mine = set(prompt_ids)
@@ -237,6 +241,7 @@ def build_peer_rows(
         out.omega.append(capability_ratio(capabilities[source], capabilities[learner], ratio_min, ratio_max))
         out.rewards.append(reward)
         out.valid.append(not (cut and settings.mask_truncated_completions) and old_len > 0)
+        out.taught.append(source in taught)
     out.retokenize_seconds = time.perf_counter() - start
     return out
 
@@ -315,4 +320,6 @@ def append_peer_rows(
     append("hacpo_old_len", rows.old_lengths, 1, torch.long)
     append("hacpo_omega", rows.omega, 1.0, torch.float32)
     append("hacpo_valid", rows.valid, False, torch.bool)
+    batch.setdefault("hacpo_taught", torch.zeros(n_self, dtype=torch.bool, device=device))  # a batch built by hand
+    append("hacpo_taught", rows.taught, False, torch.bool)
     return batch
