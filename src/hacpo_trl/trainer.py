@@ -4,11 +4,12 @@ Each agent runs this trainer in its own accelerate world (see :mod:`hacpo_trl.to
 (generation with HF or vLLM, reward scoring, DDP/ZeRO/FSDP, saving, logging) stays TRL's. Four hooks change:
 
 * ``_generate_and_score_completions``: after TRL generated and scored this agent's completions, record each one's
-  generator log-prob, exchange the records with every other agent, update the capability tracker, and append the
-  peer rows after the self rows (:mod:`hacpo_trl.peer_rows` builds them: joint capability-aware advantages, the
-  peers' completions re-tokenized into this agent's view, TRL's batch layout);
+  generator log-prob, exchange the records with every other agent, update the capability tracker, decide whom to
+  learn from (:mod:`hacpo_trl.sharing`) and append the peer rows after the self rows (:mod:`hacpo_trl.peer_rows`
+  builds them: joint capability-aware advantages, the peers' completions re-tokenized into this agent's view, TRL's
+  batch layout); the batch's :class:`~hacpo_trl.schedule.BatchPlan` says how it is trained;
 * ``_prepare_inputs``: shuffle self and peer rows separately and keep self rows first, so that the stepwise peer
-  bound sees peer rows in the later updates of a generation batch, as in the paper;
+  bound sees peer rows in the later updates of a generation batch, as in the paper; cut the batch as its plan says;
 * ``_compute_loss``: the HACPO loss of :func:`hacpo_trl.algorithm.hacpo_loss`; peer rows outside the band skip the
   backward pass (:mod:`hacpo_trl.peer_loss` picks the rows and builds the loss over them);
 * ``_save_checkpoint`` / ``train``: the capability tracker is saved in every checkpoint and restored on resume;
@@ -22,8 +23,9 @@ tokens processed against real tokens (``hacpo/time/padding_ratio/*``).
 ``share_rollouts=False`` the loss is TRL's own, so the baselines are exactly TRL's GRPO / GSPO.
 
 This module holds the hooks and the glue: every forward pass and every collective over an agent's ranks stays here;
-the logic is plain functions in named modules, tested without a trainer (:mod:`~hacpo_trl.peer_rows`,
-:mod:`~hacpo_trl.peer_loss`, :mod:`~hacpo_trl.metrics`, :mod:`~hacpo_trl.model_card`, :mod:`~hacpo_trl.loading`).
+the logic is plain functions in named modules, tested without a trainer (:mod:`~hacpo_trl.sharing`,
+:mod:`~hacpo_trl.schedule`, :mod:`~hacpo_trl.peer_rows`, :mod:`~hacpo_trl.peer_loss`, :mod:`~hacpo_trl.metrics`,
+:mod:`~hacpo_trl.model_card`, :mod:`~hacpo_trl.loading`).
 """
 
 from __future__ import annotations
