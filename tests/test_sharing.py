@@ -126,6 +126,7 @@ def test_decide_rescues_the_prompts_a_closed_peer_solved_and_the_learner_failed(
     both = decide(settings, "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS)
     assert both.open == ("C",) and both.rescued == {"B": frozenset({"p0"})}
     assert both.involved == ("C", "B") and not both.rescue_only and both.only_prompts() == {"B": {"p0"}}
+    assert both.rows_args() == (("C", "B"), {"B": {"p0"}}, 1.0)
     only_b = decide(_settings(learn_from="B", capability_gate=1.0, capability_gate_rescue=True), "A", AGENTS, CAPS,
                     ROWS, 0, 0, RECORDS)  # fmt: skip
     assert only_b.open == () and only_b.involved == ("B",) and only_b.rescue_only and not only_b.solo

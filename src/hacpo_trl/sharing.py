@@ -329,6 +329,11 @@ class PeerDecision:
         limited = {p: prompts for p, prompts in self.prompts.items() if p in self.open}
         return {**limited, **{p: prompts for p, prompts in self.rescued.items() if prompts}}
 
+    def rows_args(self) -> tuple[tuple[str, ...], dict[str, frozenset[str]], float]:
+        """``(peers, only_prompts, weight)``: what the peer rows are built from (the involved peers, the prompts some
+        are limited to, the peers' weight; :func:`~hacpo_trl.peer_rows.build_peer_rows`)."""
+        return self.involved, self.only_prompts(), self.weight
+
     def close_outside_band(self, in_band: Mapping[str, int]) -> PeerDecision:
         """`band_gate`: the decision without the involved peers none of whose rows is in the band (``in_band``:
         rows in the band per involved peer, over the learner's ranks)."""

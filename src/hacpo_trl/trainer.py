@@ -165,11 +165,12 @@ class HACPOTrainer(GRPOTrainer):
         self._forward_pass, self._generation_forwards = "other", 0
         self._padding_sums: dict[str, dict[str, list[float]]] = {"train": {}, "eval": {}}
         self._trim_sides = padding.trim_sides(self.model.config)  # before any wrapping: which padding may go
-        self._plan: BatchPlan | None = None  # how the buffered generation batch is trained (one per batch)
         self._updates = UpdateState()  # what the update under way gathers
         self.add_callback(metrics.OptimizerTimer(self))
         self.add_callback(_ResumeGradScaler(self))
         self._self_on_policy = self._one_update(args.steps_per_generation)
+        # how the buffered generation batch is trained, set with each one; before the first: skip nothing
+        self._plan: BatchPlan = self._plan_for(0, peers=True, rescue_only=False)
 
     def _one_update(self, steps: int) -> bool:
         """Whether a generation batch cut into ``steps`` micro-batches serves one update (without vLLM importance
@@ -303,7 +304,7 @@ class HACPOTrainer(GRPOTrainer):
         # the batch's plan decides, not `model.training` (False after an evaluation until TRL's training_step sets
         # it): a skipped micro-batch must never reach TRL's loss
         plan = self._plan
-        if plan is not None and plan.skips(self._step):
+        if plan.skips(self._step):
             # a solo batch's update beyond `solo_steps_per_generation`: no forward or backward, no gradient, so the
             # optimizer step changes nothing (AdamW skips such parameters); every rank of the agent skips together
             if plan.rescue_only and plan.ends_batch(self._step):
@@ -414,13 +415,13 @@ class HACPOTrainer(GRPOTrainer):
         self._last_records = records  # every agent's rollouts of this batch: what `hacpo-probe` reports on
         by_agent = self._update_capability(records, mode)
         decision = self._sharing_decision(records)
-        rows = self._peer_rows(prompt_ids, rewards, by_agent, decision)
+        rows = None if decision.solo else self._peer_rows(prompt_ids, rewards, by_agent, *decision.rows_args())
         if rows is not None and self.sharing.band_gate:  # the band gate needs a forward over the peer rows
             in_band = self._peers_in_band(batch, rows, prompt_ids, list(decision.involved))
             self._log(mode, {f"hacpo/band_rows/{p}": float(n) for p, n in in_band.items()})
             if 0 in in_band.values():  # a peer closed at this batch: rows and baseline without it
                 decision = decision.close_outside_band(in_band)
-                rows = self._peer_rows(prompt_ids, rewards, by_agent, decision)
+                rows = None if decision.solo else self._peer_rows(prompt_ids, rewards, by_agent, *decision.rows_args())
         caps, behind = self.capability.capabilities(), self.capability.rows()
         self._log(mode, metrics.sharing_metrics(self.agent, self.agent_names, decision, self.sharing, caps, behind))
         if decision.solo:  # learns from no one at this batch: GSPO's own batch (its records were still shared)
@@ -458,19 +459,16 @@ class HACPOTrainer(GRPOTrainer):
         step, training = self.state.global_step, self.model.training
         return decide(self.sharing, self.agent, self.agent_names, caps, rows, seen, step, records, training)
 
-    def _peer_rows(self, prompt_ids, rewards, by_agent, decision: PeerDecision) -> PeerRows | None:
-        """The learner's peer rows by ``decision`` (:func:`~hacpo_trl.peer_rows.build_peer_rows`), None when it learns
-        from no one: only the learner's and the involved peers' records enter, their rewards included (the
-        baseline), a peer limited to some prompts only on those."""
-        if decision.solo:
-            return None
-        by_agent = {agent: by_agent[agent] for agent in (self.agent, *decision.involved) if agent in by_agent}
+    def _peer_rows(self, prompt_ids, rewards, by_agent, peers, only=None, weight: float = 1.0) -> PeerRows:
+        """The learner's peer rows from ``peers`` (:func:`~hacpo_trl.peer_rows.build_peer_rows`): only the learner's
+        and these peers' records enter, their rewards included (the baseline); a peer in ``only`` only on those
+        prompts; ``weight`` scales the peer rows' advantages."""
+        by_agent = {agent: by_agent[agent] for agent in (self.agent, *peers) if agent in by_agent}
         records = [r for agent_records in by_agent.values() for r in agent_records]
         learners_view = [a for a in self.agent_names if a in by_agent]  # the learner and the peers it learns from
-        caps, only, tok = self.capability.capabilities(), decision.only_prompts(), self._tokenizer
-        return build_peer_rows(
-            prompt_ids, rewards, records, self.agent, learners_view, caps, self.args, tok, decision.weight, only
-        )
+        caps, tok = self.capability.capabilities(), self._tokenizer
+        args = (self.agent, learners_view, caps, self.args, tok, weight, only)
+        return build_peer_rows(prompt_ids, rewards, records, *args)
 
     @torch.no_grad()
     def _peers_in_band(self, batch: dict, rows: PeerRows, prompt_ids, peers: list[str]) -> dict[str, int]:
@@ -638,12 +636,12 @@ class HACPOTrainer(GRPOTrainer):
 
     def _hacpo_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
-        if not self.args.share_rollouts or (mode == "train" and self._plan is not None and self._plan.solo):
+        if not self.args.share_rollouts or (mode == "train" and self._plan.solo):
             # an independent baseline, or a learner with no peer row at this batch: TRL's own objective, untouched,
             # so that it trains bit for bit as GSPO (hacpo_loss equals it only up to float rounding)
             return super()._compute_loss(model, inputs)
         ga = self.current_gradient_accumulation_steps
-        update_index = self._plan.update_index(self._step, ga) if mode == "train" and self._plan is not None else 0
+        update_index = self._plan.update_index(self._step, ga) if mode == "train" else 0
         is_peer, valid = inputs["hacpo_is_peer"], inputs["hacpo_valid"]
         clipped = self._clipped_peer_rows(model, inputs, update_index) if mode == "train" else None
         keep = gradient_rows(is_peer, clipped)
