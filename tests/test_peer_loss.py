@@ -7,15 +7,8 @@ import pytest
 import torch
 
 from hacpo_trl.algorithm import HACPOLossConfig, hacpo_loss
-from hacpo_trl.peer_loss import (
-    batch_row_flags,
-    current_update,
-    gradient_rows,
-    has_gradient_rows,
-    rows_loss,
-    score_peer_rows,
-    self_on_policy,
-)
+from hacpo_trl.peer_loss import batch_row_flags, gradient_rows, has_gradient_rows, rows_loss, score_peer_rows
+from hacpo_trl.schedule import current_update, self_on_policy
 
 
 def _inputs(ratios):

@@ -5,20 +5,12 @@ import pytest
 import torch
 
 from hacpo_trl import HACPOConfig
-from hacpo_trl.algorithm import (
-    CapabilityTracker,
-    HACPOLossConfig,
-    capability_aware_advantages,
-    gate_evidence,
-    hacpo_loss,
-    open_peers,
-    peer_fade_weight,
-    peers_in_band,
-)
+from hacpo_trl.algorithm import CapabilityTracker, HACPOLossConfig, capability_aware_advantages, hacpo_loss
 from hacpo_trl.config import parse_learn_from
 from hacpo_trl.exchange import RolloutBatch
 from hacpo_trl.metrics import learns_from_metrics
-from hacpo_trl.peer_rows import build_peer_rows, rescued_prompts
+from hacpo_trl.peer_rows import build_peer_rows
+from hacpo_trl.sharing import gate_evidence, open_peers, peer_fade_weight, peers_in_band, rescued_prompts
 from helpers import BPE, CAPS, NAN, SELF_IDS, SELF_REWARDS, accelerate_launch, records, settings, summaries
 
 COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False)
@@ -972,21 +964,13 @@ def test_a_rescue_batch_counts_only_the_updates_it_makes_in_the_stepwise_bound()
     """m of Eq. 14 in the trainer: 4 micro-batches per iteration, 2 iterations, 1 micro-batch per update. A batch
     with peer rows makes every update (m = micro-step); a rescue batch on the solo schedule (2 of 4) makes micro-steps
     0, 1, 4, 5, which are its updates 0, 1, 2, 3."""
-    from types import SimpleNamespace
+    from hacpo_trl.schedule import plan_batch
 
-    from hacpo_trl.trainer import HACPOTrainer
-
-    trainer = object.__new__(HACPOTrainer)
-    trainer.args = SimpleNamespace(steps_per_generation=4, solo_steps_per_generation=2, share_rollouts=True)
-    trainer.agent_names, trainer.num_iterations = ["a", "b"], 2
-    trainer.model = SimpleNamespace(training=True)
-    trainer.current_gradient_accumulation_steps = 1
     for rescue, expected in ((False, [0, 1, 4, 5]), (True, [0, 1, 2, 3])):
-        trainer._rescue_batch = rescue
+        plan = plan_batch(8, peers=True, rescue_only=rescue, steps_per_generation=4, solo_micro_batches=2, iterations=2)
         got = []
         for step in (0, 1, 4, 5):
-            trainer._step = step
-            got.append(trainer._update_index())
+            got.append(plan.update_index(step, gradient_accumulation_steps=1))
         assert got == expected
 
 
@@ -996,28 +980,15 @@ def test_a_rescue_batch_counts_only_the_updates_it_makes_in_the_stepwise_bound()
     ids=["2-updates-per-batch", "2-batches-per-update", "no-accumulation"],
 )
 def test_the_gate_warmup_counts_generation_batches_whatever_the_accumulation(
-    monkeypatch, accumulation, steps_per_generation, expected
+    accumulation, steps_per_generation, expected
 ):
-    """`_open_peers` hands `open_peers` the generation batches seen before this one, at each new batch (TRL's
+    """`schedule.batches_seen` gives the gate the generation batches seen before this one, at each new batch (TRL's
     micro-step `_step` a multiple of `steps_per_generation`, `global_step` the updates finished): with 8 micro-batches
     per update and 4 per batch, two batches share an update, and the second has seen one batch, not zero."""
-    from types import SimpleNamespace
+    from hacpo_trl.schedule import batches_seen
 
-    import hacpo_trl.trainer
-    from hacpo_trl.trainer import HACPOTrainer
-
-    monkeypatch.setattr(hacpo_trl.trainer, "open_peers", lambda *args: args[6])  # batches_seen
-    trainer = object.__new__(HACPOTrainer)
-    trainer.agent, trainer.agent_names, trainer.num_iterations = "a", ["a", "b"], 1
-    trainer.args = SimpleNamespace(
-        gradient_accumulation_steps=accumulation, steps_per_generation=steps_per_generation,
-        learn_from_agents=lambda: None, capability_gate=1.0, capability_gate_warmup=2, capability_gate_confidence=0,
-    )  # fmt: skip
-    trainer.capability = SimpleNamespace(capabilities=lambda: {}, rows=lambda: {})
-    trainer._peer_weight = lambda: 1.0
     seen = []
     for batch in range(len(expected)):
-        trainer._step = batch * steps_per_generation  # TRL's micro-step when this batch is generated
-        trainer.state = SimpleNamespace(global_step=trainer._step // accumulation)
-        seen.append(trainer._open_peers())
+        step = batch * steps_per_generation  # TRL's micro-step when this batch is generated
+        seen.append(batches_seen(step // accumulation, step, accumulation, steps_per_generation))
     assert seen == expected

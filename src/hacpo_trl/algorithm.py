@@ -16,7 +16,6 @@ used with any trainer and tested by hand-worked examples.
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -30,13 +29,9 @@ __all__ = [
     "LossOutput",
     "capability_aware_advantages",
     "capability_ratio",
-    "gate_evidence",
     "hacpo_loss",
     "in_band",
     "joint_baseline",
-    "open_peers",
-    "peers_in_band",
-    "peer_fade_weight",
     "peer_objective",
     "peer_ratio_stats",
     "peer_row_order",
@@ -234,128 +229,10 @@ class CapabilityTracker:
         return f"CapabilityTracker(window={self.window}, steps={self.steps}, {caps})"
 
 
-def gate_evidence(peer: float, peer_rows: int, learner: float, learner_rows: int, gate: float = 1.0) -> float:
-    """How many standard errors P̂_j lies above gate · P̂_k (not in the paper): the z of a one-sided test.
-
-    z = (P̂_j − g·P̂_k) / sqrt(P̂_j(1 − P̂_j)/N_j + g²·P̂_k(1 − P̂_k)/N_k), each P̂ an accuracy over the N completions of
-    its capability window. With 64 completions each, 0.28 against 0.11 gives z ≈ 2.5 and 0.12 against 0.08 z ≈ 0.8.
-    No completions behind either P̂: no evidence (−inf). No variance (accuracies of 0 or 1): z = 0 at a zero gap,
-    else ±inf.
-    """
-    for name, value in (("peer", peer), ("learner", learner)):
-        if not (isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= 1):
-            raise ValueError(f"`{name}` accuracy must be in [0, 1], got {value!r}")
-    for name, value in (("peer_rows", peer_rows), ("learner_rows", learner_rows)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"`{name}` must be an integer >= 0, got {value!r}")
-    _check_non_negative("gate", gate)
-    if peer_rows == 0 or learner_rows == 0:
-        return -math.inf
-    gap = peer - gate * learner
-    se = math.sqrt(peer * (1 - peer) / peer_rows + gate**2 * learner * (1 - learner) / learner_rows)
-    if se == 0:
-        return 0.0 if gap == 0 else math.copysign(math.inf, gap)
-    return gap / se
-
-
-def open_peers(
-    learner: str,
-    agents: Sequence[str],
-    capabilities: Mapping[str, float],
-    learn_from: Sequence[str] | None = None,
-    capability_gate: float = 0.0,
-    gate_warmup: int = 0,
-    batches_seen: int = 0,
-    gate_confidence: float = 0.0,
-    rows: Mapping[str, int] | None = None,
-) -> list[str]:
-    """The peers ``learner`` learns from at this generation batch, in ``agents`` order (not in the paper).
-
-    A peer is open when it is named in ``learn_from`` (``None``: every other agent; the learner itself is never a
-    peer) and its capability is at least ``capability_gate`` times the learner's: P̂_j >= gate · P̂_k. The gate thus
-    opens and closes by itself as capabilities cross during training; ``capability_gate=0`` keeps every named peer
-    open, 1 opens only peers at least as capable as the learner. A learner with no open peer trains on its own rows
-    alone, as GSPO does. The choice is the learner's only: every agent still shares its own rollouts with all.
-
-    With a gate, ``gate_warmup`` > 0 keeps every peer closed while fewer than that many generation batches have been
-    seen before this one (``batches_seen``): P̂ from one or two batches is too noisy to rank agents by (on the
-    validation split one batch put a stronger agent at 0.08 against its weaker peer's 0.12, and the gate opened).
-
-    With a gate, ``gate_confidence`` c > 0 asks the capability windows for evidence instead: peer j opens only when
-    :func:`gate_evidence` is at least z_c, the standard normal quantile at c (1.645 at 0.95), with ``rows`` the
-    completions behind each P̂ (accuracies, so that P̂(1 − P̂) is their variance). A clearly stronger peer opens at
-    the first batch, two close ones stay closed until the windows tell them apart.
-    """
-    agents = list(agents)
-    if learner not in agents:
-        raise ValueError(f"unknown `learner` {learner!r}; agents are {agents}")
-    names = agents if learn_from is None else list(learn_from)
-    unknown = sorted({a for a in names if a not in agents})
-    if unknown:
-        raise ValueError(f"`learn_from` names unknown agent(s) {unknown}; agents are {agents}")
-    if not (isinstance(capability_gate, int | float) and math.isfinite(capability_gate) and capability_gate >= 0):
-        raise ValueError(f"`capability_gate` must be a finite number >= 0, got {capability_gate!r}")
-    for name, value in (("gate_warmup", gate_warmup), ("batches_seen", batches_seen)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"`{name}` must be an integer >= 0, got {value!r}")
-    missing = [a for a in agents if a not in capabilities]
-    if missing:
-        raise ValueError(f"`capabilities` is missing agents {missing}")
-    if not (isinstance(gate_confidence, int | float) and (gate_confidence == 0 or 0.5 <= gate_confidence < 1)):
-        raise ValueError(f"`gate_confidence` must be 0 (off) or in [0.5, 1), got {gate_confidence!r}")
-    if capability_gate > 0 and batches_seen < gate_warmup:
-        return []
-    own = capabilities[learner]
-    peers = [a for a in agents if a != learner and a in names and capabilities[a] >= capability_gate * own]
-    if capability_gate == 0 or gate_confidence == 0:
-        return peers
-    if rows is None or any(a not in rows for a in agents):
-        raise ValueError("`rows` (completions behind each P̂) is needed for every agent with `gate_confidence`")
-    z = statistics.NormalDist().inv_cdf(gate_confidence)
-    return [
-        a for a in peers
-        if gate_evidence(capabilities[a], rows[a], own, rows[learner], capability_gate) >= z
-    ]  # fmt: skip
-
-
 def in_band(ratio: torch.Tensor, lower_bound: float) -> torch.Tensor:
     """Which peer rows lie in the band lb_m <= s <= 1 -- Eq. (14): the only peer rows with a gradient."""
     _check_probability("lower_bound", lower_bound)
     return (ratio >= lower_bound) & (ratio <= 1.0)
-
-
-def peers_in_band(
-    ratio: torch.Tensor, sources: Sequence[str], peers: Sequence[str], lower_bound: float
-) -> dict[str, int]:
-    """How many of each open peer's rows lie in the band at a batch's first update (not in the paper).
-
-    ``ratio`` holds the learner's sequence ratio s (Eq. 11) of each peer row before any update on the batch, and
-    ``sources`` the agent that generated each row. A peer none of whose rows is in the band gives the learner no
-    gradient at all (every row is clamped), yet its rewards still enter the capability-aware baseline and shift the
-    learner's own advantages; ``band_gate`` closes such a peer for the batch, as the capability gate does.
-    Peers with no row count 0.
-    """
-    if ratio.ndim != 1 or ratio.shape[0] != len(sources):
-        raise ValueError(f"`ratio` must have one entry per source, got {tuple(ratio.shape)} for {len(sources)}")
-    unknown = sorted({s for s in sources if s not in peers})
-    if unknown:
-        raise ValueError(f"rows from agent(s) {unknown} that are not open peers {list(peers)}")
-    inside = in_band(ratio, lower_bound).tolist()
-    return {p: sum(1 for s, ok in zip(sources, inside, strict=True) if ok and s == p) for p in peers}
-
-
-def peer_fade_weight(step: int, fade_steps: int) -> float:
-    """The weight of a learner's peer rows after ``step`` optimizer steps: 1 − step / fade_steps, floored at 0 (not
-    in the paper; S2L-PO's progressive annealing back to the learner's own samples, here as a linear fade of the
-    peer rows' advantages). ``fade_steps=0``: no fade (weight 1 throughout). At weight 0 the learner learns from no
-    one (see :func:`open_peers`)."""
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise ValueError(f"`step` must be an integer >= 0, got {step!r}")
-    if not isinstance(fade_steps, int) or isinstance(fade_steps, bool) or fade_steps < 0:
-        raise ValueError(f"`peer_fade_steps` must be an integer >= 0, got {fade_steps!r}")
-    if fade_steps == 0:
-        return 1.0
-    return max(0.0, 1.0 - step / fade_steps)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -14,6 +13,8 @@ from trl import GRPOConfig
 
 from .algorithm import PEER_LAYOUTS, CapabilityTracker, HACPOLossConfig
 from .placement import launch_engine, share_gpus
+from .schedule import solo_fits, updates_within_batches
+from .sharing import RUN_WIDE_SETTINGS, SharingSettings, parse_learn_from
 from .topology import AgentTopology, init_agent_worlds
 
 __all__ = ["AgentSpec", "HACPOConfig"]
@@ -40,25 +41,13 @@ SHARED_SETTINGS = (
     "shuffle_dataset",
     "max_completion_length",
     "mask_truncated_completions",  # every learner must mask the same peers' unfinished completions
-    # every agent exchanges at every generation batch; whom and what each learns from is its own choice (learn_from,
-    # capability_gate, peer_fade_steps, peer_filter), so those may differ
-    "share_rollouts",
-    "capability_window",
-    "capability_metric",
+    # every agent exchanges at every generation batch; whom and what each learns from is its own choice
+    # (`sharing.LEARNER_SETTINGS`), so those may differ
+    *RUN_WIDE_SETTINGS,
     "save_strategy",  # agents checkpoint together, so that resuming finds a step every agent saved
     "save_steps",
     "gradient_accumulation_steps",  # save_steps and max_steps count optimizer steps: equal GA keeps agents in step
 )
-
-PEER_FILTERS = ("all", "correct", "positive")
-
-
-def _true_or_false(values: dict, name: str, who: str) -> bool:
-    """A boolean setting, refused by name when a recipe gives anything else (YAML's `yes`, 1, ...)."""
-    value = values.get(name)
-    if not isinstance(value, bool):
-        raise ValueError(f"{who}`{name}` must be true or false, got {value!r}")
-    return value
 
 
 # Fields an agent may not override: they define the run, not the agent.
@@ -117,27 +106,6 @@ class AgentSpec:
             )
         if self.lora is not None and not isinstance(self.lora, dict):
             raise ValueError(f"agent {self.name!r}: `lora` must be a mapping of LoraConfig arguments or null")
-
-
-def parse_learn_from(value: Any, agent_names: list[str], where: str = "`learn_from`") -> list[str] | None:
-    """``learn_from`` as the list of agents named (``None``: all). Accepts ``"all"``, ``"none"``, a comma-separated
-    string of names or a list of names; a name that is not an agent of the run is an error naming it."""
-    if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
-        return None
-    if isinstance(value, str) and value.strip().lower() == "none":
-        return []
-    if isinstance(value, str):
-        names = [n.strip() for n in value.split(",") if n.strip()]
-        if not names:
-            raise ValueError(f"{where} must be 'all', 'none' or agent names, got {value!r}")
-    elif isinstance(value, list | tuple) and all(isinstance(n, str) for n in value):
-        names = list(value)
-    else:
-        raise ValueError(f"{where} must be 'all', 'none' or a list of agent names, got {value!r}")
-    unknown = [n for n in names if n not in agent_names]
-    if unknown:
-        raise ValueError(f"{where} names unknown agent(s) {unknown}; the run's agents are {agent_names}")
-    return names
 
 
 def agent_output_dir(spec: AgentSpec, run_output_dir: str | None, several: bool) -> str | None:
@@ -287,7 +255,7 @@ class HACPOConfig(GRPOConfig):
         capability_gate_confidence (`float`, *optional*, defaults to `0.0`):
             With `capability_gate` > 0, open a peer only when the capability windows show P̂_j >= gate x P̂_k at
             this one-sided confidence (`0.95`: a z-test on the windows' accuracies, each P̂ over the completions of
-            its `capability_window`; :func:`~hacpo_trl.algorithm.gate_evidence`), instead of on the point estimates
+            its `capability_window`; :func:`~hacpo_trl.sharing.gate_evidence`), instead of on the point estimates
             alone: a clearly stronger peer opens at the first batch, two agents whose P̂ are within noise of each
             other stay closed. An alternative to a fixed `capability_gate_warmup`. `0` = off; otherwise in [0.5,
             1). Refused without a gate or with `capability_metric: mean_reward`. Logged as `hacpo/gate_z/<peer>`.
@@ -522,7 +490,7 @@ class HACPOConfig(GRPOConfig):
             for where in ("learn_from", "overrides.learn_from"):
                 value = spec.learn_from if where == "learn_from" else spec.overrides.get("learn_from")
                 parse_learn_from(value, names, f"agent {spec.name!r}: `{where}`")
-            self._check_learner_settings({**vars(self), **spec.overrides}, f"agent {spec.name!r}: ")
+            SharingSettings.from_values({**vars(self), **spec.overrides}, f"agent {spec.name!r}: ")
         if self.importance_sampling_level != "sequence" and self.share_rollouts:
             raise ValueError(
                 "HACPO's ratio is sequence-level: `importance_sampling_level` must be 'sequence' (other levels only "
@@ -563,8 +531,8 @@ class HACPOConfig(GRPOConfig):
         self.agent_spec = spec
         self.agent_name = spec.name
         self._apply_agent(spec, several=len(specs) > 1)
-        self._check_learner_settings(vars(self))
         self.learn_from = self._canonical_learn_from([s.name for s in specs])
+        self.sharing_settings()  # this agent's, as applied
         if self.skip_empty_updates and launch_engine(self) == "DeepSpeed":  # before TRL loads DeepSpeed
             raise ValueError(
                 "`skip_empty_updates` does not work with DeepSpeed: its optimizer step runs inside the backward call, "
@@ -599,58 +567,13 @@ class HACPOConfig(GRPOConfig):
         if several and self.run_name in (None, self.output_dir):
             self.run_name = spec.name
 
-    @staticmethod
-    def _check_learner_settings(values: dict, who: str = "") -> None:
-        """The per-learner sharing settings (run-wide or an agent's overrides), each error naming the bad value."""
-        if values.get("peer_filter") not in PEER_FILTERS:
-            raise ValueError(f"{who}`peer_filter` must be one of {PEER_FILTERS}, got {values.get('peer_filter')!r}")
-        gate = values.get("capability_gate")
-        if isinstance(gate, bool) or not (isinstance(gate, int | float) and math.isfinite(gate) and gate >= 0):
-            raise ValueError(f"{who}`capability_gate` must be a finite number >= 0, got {gate!r}")
-        warmup = values.get("capability_gate_warmup")
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"{who}`capability_gate_warmup` must be an integer >= 0, got {warmup!r}")
-        if warmup and not gate:
-            raise ValueError(
-                f"{who}`capability_gate_warmup` keeps the capability gate closed for the first {warmup} generation "
-                "batches, and `capability_gate` is 0 (no gate): set capability_gate > 0 or the warm-up to 0"
-            )
-        confidence = values.get("capability_gate_confidence")
-        if isinstance(confidence, bool) or not (
-            isinstance(confidence, int | float) and (confidence == 0 or 0.5 <= confidence < 1)
-        ):
-            raise ValueError(f"{who}`capability_gate_confidence` must be 0 (off) or in [0.5, 1), got {confidence!r}")
-        if confidence and not gate:
-            raise ValueError(
-                f"{who}`capability_gate_confidence` asks the capability gate for evidence, and `capability_gate` is 0 "
-                "(no gate): set capability_gate > 0 or the confidence to 0"
-            )
-        if confidence and values.get("capability_metric") == "mean_reward":
-            raise ValueError(
-                f"{who}`capability_gate_confidence` tests accuracies (P̂ in [0, 1], variance P̂(1 - P̂)), and "
-                "`capability_metric` is 'mean_reward': use capability_metric 'accuracy' or the confidence 0"
-            )
-        if _true_or_false(values, "capability_gate_rescue", who) and not gate:
-            raise ValueError(
-                f"{who}`capability_gate_rescue` lends a peer that the capability gate closed, and `capability_gate` "
-                "is 0 (no gate, no peer closed by it): set capability_gate > 0 or capability_gate_rescue false"
-            )
-        if _true_or_false(values, "band_gate", who) and (values.get("naive") or not values.get("peer_clipping")):
-            raise ValueError(
-                f"{who}`band_gate` closes a peer none of whose rows is in the band, and with `naive: true` or "
-                "`peer_clipping: false` there is no band: set band_gate false"
-            )
-        fade = values.get("peer_fade_steps")
-        if isinstance(fade, bool) or not isinstance(fade, int) or fade < 0:
-            raise ValueError(f"{who}`peer_fade_steps` must be an integer >= 0, got {fade!r}")
-
     def _check_solo_schedule(self) -> None:
         """`solo_steps_per_generation` must cut the generation batch into whole optimizer updates, so that the
         skipped micro-batches are whole updates (an update half-skipped would step on half its rows)."""
         solo, steps, ga = self.solo_steps_per_generation, self.steps_per_generation, self.gradient_accumulation_steps
         if solo is None:
             return
-        if isinstance(solo, bool) or not isinstance(solo, int) or solo < 1 or steps % solo or solo % ga:
+        if isinstance(solo, bool) or not isinstance(solo, int) or solo < 1 or not solo_fits(solo, steps, ga):
             raise ValueError(
                 f"`solo_steps_per_generation` must be an integer >= 1 that divides `steps_per_generation` ({steps}) "
                 f"and is a multiple of `gradient_accumulation_steps` ({ga}), got {solo!r}"
@@ -731,7 +654,7 @@ class HACPOConfig(GRPOConfig):
         inside one generation batch (S·I a multiple of GA) or spans whole ones (GA a multiple of S·I: m = 0)."""
         per_generation = self.steps_per_generation * self.num_iterations
         ga = self.gradient_accumulation_steps
-        if self.share_rollouts and per_generation % ga and ga % per_generation:
+        if self.share_rollouts and not updates_within_batches(per_generation, ga):
             raise ValueError(
                 f"steps_per_generation x num_iterations = {per_generation} and gradient_accumulation_steps = {ga}: "
                 "optimizer updates would straddle generation batches, so the stepwise peer bound would use the wrong "
@@ -784,6 +707,10 @@ class HACPOConfig(GRPOConfig):
 
     def shared_settings(self) -> dict:
         return {k: getattr(self, k, None) for k in SHARED_SETTINGS}
+
+    def sharing_settings(self) -> SharingSettings:
+        """This agent's sharing options, checked (:class:`~hacpo_trl.sharing.SharingSettings`)."""
+        return SharingSettings.from_values(vars(self))
 
     def loss_config(self) -> HACPOLossConfig:
         return HACPOLossConfig(

@@ -11,8 +11,9 @@ import time
 import torch
 from transformers import TrainerCallback
 
-from .algorithm import gate_evidence, peer_ratio_stats
+from .algorithm import peer_ratio_stats
 from .padding import padding_ratio
+from .sharing import gate_evidence
 
 __all__ = [
     "LOSS_SUMS",
@@ -26,6 +27,7 @@ __all__ = [
     "padding_metrics",
     "peer_ratio_metrics",
     "peer_row_metrics",
+    "sharing_metrics",
 ]
 
 LOSS_SUMS = 9  # the length of :func:`loss_metric_sums`'s vector
@@ -124,6 +126,22 @@ def gate_evidence_metrics(
         for a, c in capabilities.items()
         if a != learner
     }
+
+
+def sharing_metrics(
+    learner: str, agents: list[str], decision, settings, capabilities: dict[str, float], rows: dict[str, int]
+) -> dict[str, float]:
+    """What a learner's sharing decision (a :class:`~hacpo_trl.sharing.PeerDecision`) was at a generation batch:
+    whom it learns from and its peers' weight, with `capability_gate_rescue` the prompts each peer rescued, with
+    `capability_gate_confidence` each peer's evidence (``settings`` are its
+    :class:`~hacpo_trl.sharing.SharingSettings`)."""
+    out = learns_from_metrics(learner, agents, list(decision.open), decision.weight)
+    if settings.capability_gate_rescue:
+        others = [a for a in agents if a != learner]
+        out.update({f"hacpo/rescued_prompts/{p}": float(len(decision.rescued.get(p, ()))) for p in others})
+    if settings.capability_gate and settings.capability_gate_confidence:
+        out.update(gate_evidence_metrics(learner, capabilities, rows, settings.capability_gate))
+    return out
 
 
 def exchange_metrics(exchange, exchange_time: float, retokenize_seconds: float) -> dict[str, float]:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 
 from .pretrained import original_model
+from .sharing import LEARNER_SETTINGS
 
 __all__ = [
     "CARD_SETTINGS",
@@ -31,10 +32,8 @@ PAPER = {  # TRL's card cites it (`GRPOTrainer._paper`)
 
 CARD_SETTINGS = (
     "alpha", "peer_delta", "peer_delta_step", "capability_window", "capability_baseline", "capability_coefficient",
-    "peer_clipping", "naive", "peer_filter", "learn_from", "capability_gate", "capability_gate_warmup",
-    "capability_gate_confidence", "capability_gate_rescue", "peer_fade_steps", "solo_steps_per_generation", "skip_empty_updates", "band_gate",
-    "epsilon", "epsilon_high", "num_generations", "learning_rate", "temperature", "max_completion_length", "beta",
-    "use_vllm", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+    "peer_clipping", "naive", *LEARNER_SETTINGS, "epsilon", "epsilon_high", "num_generations", "learning_rate",
+    "temperature", "max_completion_length", "beta", "use_vllm", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
 )  # fmt: skip
 
 

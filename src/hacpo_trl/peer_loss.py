@@ -31,13 +31,11 @@ from .algorithm import (
 __all__ = [
     "TAUGHT_GAMMA",
     "batch_row_flags",
-    "current_update",
     "gradient_rows",
     "has_gradient_rows",
     "peer_log_ratios",
     "rows_loss",
     "score_peer_rows",
-    "self_on_policy",
     "taught_objective",
     "taught_weight",
 ]
@@ -61,36 +59,6 @@ def taught_objective(
     weight). No band and no stepwise bound: the row is never dropped."""
     weight = taught_weight(log_ratio.detach().exp(), gamma)
     return advantages * coefficient * weight * (1 + log_ratio - log_ratio.detach())
-
-
-def current_update(
-    step: int,
-    generate_every: int,
-    gradient_accumulation_steps: int,
-    steps_per_iteration: int | None = None,
-    made_per_iteration: int | None = None,
-) -> int:
-    """m: the optimizer updates already made on the current generation batch, at micro-step ``step`` (Eq. 14). A
-    batch on the solo schedule makes only the first ``made_per_iteration`` of each iteration's
-    ``steps_per_iteration`` micro-batches (the others are skipped: no update), so with `num_iterations` > 1 only
-    those count."""
-    ga = max(gradient_accumulation_steps, 1)
-    within = step % generate_every
-    if made_per_iteration is None or steps_per_iteration is None:
-        return within // ga
-    iteration, micro = divmod(within, steps_per_iteration)
-    if micro >= made_per_iteration:
-        raise ValueError(
-            f"micro-step {step} is a skipped one ({micro} >= {made_per_iteration} of {steps_per_iteration})"
-        )
-    return (iteration * made_per_iteration + micro) // ga
-
-
-def self_on_policy(gradient_accumulation_steps: int, generate_every: int, vllm_weights: bool) -> bool:
-    """Whether self rows use their current log-prob as the old one. TRL skips old log-probs when a generation batch
-    is used for exactly one update (and no vLLM importance weights): the self ratio is then 1 in value. HACPO keeps
-    that for self rows (so one agent equals TRL's GSPO) and needs old log-probs anyway for the records it shares."""
-    return gradient_accumulation_steps % generate_every == 0 and not vllm_weights
 
 
 def peer_log_ratios(logps: torch.Tensor, inputs: dict, rows: torch.Tensor, config: HACPOLossConfig) -> torch.Tensor:

@@ -4,8 +4,8 @@ Plain functions over this process's self rows and the exchanged :class:`~hacpo_t
 so the peer-row pipeline is testable without a trainer or a process group. :func:`build_peer_rows` picks the peer
 rows of this process's prompts, computes capability-aware advantages over each prompt's joint group (self and
 peer), re-tokenizes the peers' texts with the learner's tokenizer and decides which rows get a loss;
-:func:`append_peer_rows` pads them into TRL's batch layout after the self rows; :func:`rescued_prompts` finds the
-prompts on which a closed peer still lends its rows (`capability_gate_rescue`). ``HACPOTrainer`` only glues them in.
+:func:`append_peer_rows` pads them into TRL's batch layout after the self rows. Which peers and prompts enter is
+:mod:`hacpo_trl.sharing`'s decision; ``HACPOTrainer`` only glues them in.
 
 ``settings`` is the agent's :class:`~hacpo_trl.config.HACPOConfig` (or any object with the same attributes): it
 reads ``peer_filter``, ``mask_truncated_completions``, ``max_completion_length``, ``capability_baseline``,
@@ -33,7 +33,6 @@ __all__ = [
     "build_peer_rows",
     "order_rows",
     "own_rewards",
-    "rescued_prompts",
     "self_prompt_tokens",
 ]
 
@@ -114,24 +113,6 @@ def self_prompt_tokens(prompt_ids: Sequence[str], batch_prompt_ids, batch_prompt
     return {pid: batch_prompt_ids[i][batch_prompt_mask[i].bool()].cpu() for pid, i in first.items()}
 
 
-def rescued_prompts(records: Sequence[RolloutBatch], learner: str, peers: Sequence[str]) -> dict[str, set[str]]:
-    """For each of ``peers``, the prompts of this generation batch that the learner failed at every scored completion
-    (no positive reward, at least one finite) and that peer solved at least once (a positive reward), over all the
-    agents' ranks (``records`` are every rank's): the same on every rank of the learner. A prompt the learner
-    solved once is never rescued, so its own groups with any signal stay as GSPO sees them."""
-    own: dict[str, list[float]] = {}
-    for r in records:
-        if r.agent == learner:
-            for pid, reward in zip(r.prompt_ids, r.rewards, strict=True):
-                own.setdefault(pid, []).append(reward)
-    failed = {pid for pid, rs in own.items() if not any(x > 0 for x in rs) and any(math.isfinite(x) for x in rs)}
-    out: dict[str, set[str]] = {peer: set() for peer in peers}
-    for r in records:
-        if r.agent in out:
-            out[r.agent].update(pid for pid, reward in zip(r.prompt_ids, r.rewards, strict=True) if reward > 0)
-    return {peer: solved & failed for peer, solved in out.items()}
-
-
 def build_peer_rows(
     prompt_ids: Sequence[str],
     rewards: torch.Tensor | Sequence[float],
@@ -157,10 +138,11 @@ def build_peer_rows(
     in the baseline), and each remaining text is
     re-tokenized by :func:`~hacpo_trl.retokenize.peer_completion_ids` (``None``: rejected). ``peer_weight``
     multiplies the peer rows' advantages, so their objectives (the peer term is linear in A), after the baseline:
-    the fade of ``peer_fade_steps`` (:func:`~hacpo_trl.algorithm.peer_fade_weight`). A peer named in
+    the fade of ``peer_fade_steps`` (:func:`~hacpo_trl.sharing.peer_fade_weight`). A peer named in
     ``only_prompts`` enters only the joint groups of those prompts, rows and rewards alike (the prompts a closed peer
-    rescues, :func:`rescued_prompts`); elsewhere it is left out as if not learned from. The rows of a peer in
-    ``taught`` are flagged for the bounded weight of :func:`~hacpo_trl.peer_loss.taught_weight` instead of the band.
+    rescues, :func:`~hacpo_trl.sharing.rescued_prompts`); elsewhere it is left out as if not learned from. The rows
+    of a peer in ``taught`` are flagged for the bounded weight of :func:`~hacpo_trl.peer_loss.taught_weight` instead of
+    the band.
     """
     only_prompts = only_prompts or {}
     mine = set(prompt_ids)

@@ -46,6 +46,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .schedule import solo_fits
+
 __all__ = [
     "GIB",
     "Launch",
@@ -664,7 +666,7 @@ def make_plan(
                 f"gradient_accumulation_steps {batch['gradient_accumulation_steps']}"
             )
         solo = batch["solo_steps_per_generation"]
-        if solo and (batch["steps_per_generation"] % solo or solo % batch["gradient_accumulation_steps"]):
+        if solo and not solo_fits(solo, batch["steps_per_generation"], batch["gradient_accumulation_steps"]):
             problems.append(
                 f"agent {name!r}: solo_steps_per_generation {solo} must divide steps_per_generation "
                 f"{batch['steps_per_generation']} and be a multiple of gradient_accumulation_steps "

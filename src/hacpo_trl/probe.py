@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .sharing import PEER_LIMITS
+
 __all__ = [
     "ProbeArguments",
     "build_trainer",
@@ -50,7 +52,7 @@ __all__ = [
 # An agent counts as cutting its completions when more than this share hit max_completion_length without stopping.
 TRUNCATION_FLAG = 0.1
 # Per-learner sharing settings a red flag names when the installed HACPOConfig has them.
-SHARING_OPTIONS = ("learn_from", "capability_gate", "peer_fade_steps")
+SHARING_OPTIONS = PEER_LIMITS
 
 
 @dataclass
@@ -269,10 +271,8 @@ def probe_batch(trainer, prompts: list[dict]) -> tuple[dict, list, object, torch
     trainer.model.train()  # as in training: the generation batch is built in train mode
     trainer._last_peer_rows = None
     batch = trainer._generate_and_score_completions(inputs)
-    n_self = batch.pop("hacpo_num_self", len(inputs))
-    batch.pop("hacpo_rescue_only", None)  # a training-schedule flag (`capability_gate_rescue`), not a column
     rows = trainer._last_peer_rows or PeerRows()  # None: the learner learns from no peer (learn_from, gate)
-    return batch, trainer._last_records, rows, score_peer_rows_of_batch(trainer, batch, n_self, len(rows))
+    return batch, trainer._last_records, rows, score_peer_rows_of_batch(trainer, batch, len(inputs), len(rows))
 
 
 def _my_rows(trainer, batch, rows, ratios) -> dict:
@@ -327,7 +327,7 @@ def run(trainer, probe_args: ProbeArguments) -> dict | None:
     low, high = config.capability_ratio_min, config.capability_ratio_max
     mine = {
         "learner": trainer.agent,
-        "learns_from": trainer._open_peers(),  # by learn_from and the capability gate (not band_gate)
+        "learns_from": list(trainer._sharing_decision().open),  # by learn_from and the gate (not band_gate)
         "rows": _my_rows(trainer, batch, rows, ratios),
         "omega": {a: trainer.capability.omega(a, trainer.agent, low, high) for a in trainer.agent_names},
     }

@@ -4,11 +4,12 @@ Each agent runs this trainer in its own accelerate world (see :mod:`hacpo_trl.to
 (generation with HF or vLLM, reward scoring, DDP/ZeRO/FSDP, saving, logging) stays TRL's. Four hooks change:
 
 * ``_generate_and_score_completions``: after TRL generated and scored this agent's completions, record each one's
-  generator log-prob, exchange the records with every other agent, update the capability tracker, and append the
-  peer rows after the self rows (:mod:`hacpo_trl.peer_rows` builds them: joint capability-aware advantages, the
-  peers' completions re-tokenized into this agent's view, TRL's batch layout);
+  generator log-prob, exchange the records with every other agent, update the capability tracker, decide whom to
+  learn from (:mod:`hacpo_trl.sharing`) and append the peer rows after the self rows (:mod:`hacpo_trl.peer_rows`
+  builds them: joint capability-aware advantages, the peers' completions re-tokenized into this agent's view, TRL's
+  batch layout); the batch's :class:`~hacpo_trl.schedule.BatchPlan` says how it is trained;
 * ``_prepare_inputs``: shuffle self and peer rows separately and keep self rows first, so that the stepwise peer
-  bound sees peer rows in the later updates of a generation batch, as in the paper;
+  bound sees peer rows in the later updates of a generation batch, as in the paper; cut the batch as its plan says;
 * ``_compute_loss``: the HACPO loss of :func:`hacpo_trl.algorithm.hacpo_loss`; peer rows outside the band skip the
   backward pass (:mod:`hacpo_trl.peer_loss` picks the rows and builds the loss over them);
 * ``_save_checkpoint`` / ``train``: the capability tracker is saved in every checkpoint and restored on resume;
@@ -22,8 +23,9 @@ tokens processed against real tokens (``hacpo/time/padding_ratio/*``).
 ``share_rollouts=False`` the loss is TRL's own, so the baselines are exactly TRL's GRPO / GSPO.
 
 This module holds the hooks and the glue: every forward pass and every collective over an agent's ranks stays here;
-the logic is plain functions in named modules, tested without a trainer (:mod:`~hacpo_trl.peer_rows`,
-:mod:`~hacpo_trl.peer_loss`, :mod:`~hacpo_trl.metrics`, :mod:`~hacpo_trl.model_card`, :mod:`~hacpo_trl.loading`).
+the logic is plain functions in named modules, tested without a trainer (:mod:`~hacpo_trl.sharing`,
+:mod:`~hacpo_trl.schedule`, :mod:`~hacpo_trl.peer_rows`, :mod:`~hacpo_trl.peer_loss`, :mod:`~hacpo_trl.metrics`,
+:mod:`~hacpo_trl.model_card`, :mod:`~hacpo_trl.loading`).
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
-from . import checkpoints, metrics, padding
-from .algorithm import CapabilityTracker, open_peers, peer_fade_weight, peers_in_band, stepwise_lower_bound
+from . import checkpoints, metrics, padding, schedule
+from .algorithm import CapabilityTracker, stepwise_lower_bound
 from .cache import builtin_name
 from .config import HACPOConfig
 from .exchange import (
@@ -62,16 +64,7 @@ from .loading import (
     resolve_agent,
 )
 from .model_card import PAPER, append_card_section, hacpo_card_section, hub_base_model, name_card
-from .peer_loss import (
-    batch_row_flags,
-    current_update,
-    gradient_rows,
-    has_gradient_rows,
-    peer_log_ratios,
-    rows_loss,
-    score_peer_rows,
-    self_on_policy,
-)
+from .peer_loss import batch_row_flags, gradient_rows, has_gradient_rows, peer_log_ratios, rows_loss, score_peer_rows
 from .peer_rows import (
     PeerRows,
     add_self_columns,
@@ -79,11 +72,12 @@ from .peer_rows import (
     build_peer_rows,
     order_rows,
     own_rewards,
-    rescued_prompts,
     self_prompt_tokens,
 )
 from .retokenize import completion_text
 from .rewards import no_reward_warning
+from .schedule import BatchPlan, UpdateState, plan_batch
+from .sharing import PeerDecision, decide, peers_in_band
 from .topology import at_exit, current_topology
 from .vllm_seed import use_agent_engine_seeds
 
@@ -102,7 +96,8 @@ class _ResumeGradScaler(TrainerCallback):
         self.trainer = trainer
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        scaler = self.trainer.__dict__.pop("_paused_scaler", None)
+        updates = self.trainer._updates
+        scaler, updates.paused_scaler = updates.paused_scaler, None
         if scaler is not None:
             scaler._enabled = True
 
@@ -166,24 +161,24 @@ class HACPOTrainer(GRPOTrainer):
             self.agent_names, window=args.capability_window, metric=args.capability_metric
         )
         self.hacpo_loss_config = args.loss_config()
+        self.sharing = args.sharing_settings()
         self._captured: dict[str, Any] = {}
         self._prepare_seconds = 0.0
         self._forward_pass, self._generation_forwards = "other", 0
         self._padding_sums: dict[str, dict[str, list[float]]] = {"train": {}, "eval": {}}
         self._trim_sides = padding.trim_sides(self.model.config)  # before any wrapping: which padding may go
-        self._solo_batch = False  # whether the buffered generation batch holds own rows only (`_prepare_inputs`)
-        self._rescue_batch = False  # whether its peer rows are rescued ones only (`capability_gate_rescue`)
-        # optimizer updates since the last training log, and whether the last one was skipped
-        self._updates_since_log = {"skipped": 0, "last_skipped": False}
+        self._updates = UpdateState()  # what the update under way gathers
         self.add_callback(metrics.OptimizerTimer(self))
         self.add_callback(_ResumeGradScaler(self))
         self._self_on_policy = self._one_update(args.steps_per_generation)
+        # how the buffered generation batch is trained, set with each one; before the first: skip nothing
+        self._plan: BatchPlan = self._plan_for(0, peers=True, rescue_only=False)
 
     def _one_update(self, steps: int) -> bool:
         """Whether a generation batch cut into ``steps`` micro-batches serves one update (without vLLM importance
         weights): TRL then computes no old log-probs, and the ratio is 1 exactly."""
         vllm_weights = self.use_vllm and self.vllm_importance_sampling_correction
-        return self_on_policy(self.args.gradient_accumulation_steps, steps * self.num_iterations, vllm_weights)
+        return schedule.self_on_policy(self.args.gradient_accumulation_steps, steps * self.num_iterations, vllm_weights)
 
     @property
     def _generate_every(self) -> int:
@@ -252,8 +247,11 @@ class HACPOTrainer(GRPOTrainer):
         and real."""
         n, width = input_ids.shape
         name = self._forward_name = self._pass_name()
-        # the no-gradient passes over a generation batch's own rows in a solo batch's chunks: the GSPO baseline's
-        batch_size = self._old_logps_chunk(n) if name in _OWN_ROW_PASSES and self.model.training else batch_size or n
+        if name in _OWN_ROW_PASSES and self.model.training:
+            # in a solo batch's chunks, as GSPO (a chunk's shape can change the last bits on a GPU): a learner gated
+            # off trains bit for bit as GSPO; with peers its own rows' log-probs differ by float rounding only
+            batch_size = schedule.own_rows_chunk(n, self._solo_steps(), self.args.per_device_train_batch_size)
+        batch_size = batch_size or n
         sides = self._trim_sides if self.args.trim_padding and all(v is None for v in extra.values()) else None
         trim = sides is not None and any(sides)
         order = padding.length_order(attention_mask) if trim and batch_size < n else None
@@ -291,37 +289,33 @@ class HACPOTrainer(GRPOTrainer):
             entropy = None if entropy is None else entropy[inverse]
         return logps, entropy, (torch.stack(aux_losses).mean() if compute_aux_loss else None)
 
-    def _old_logps_chunk(self, rows: int) -> int:
-        """Rows per chunk of the no-gradient passes over a generation batch's own rows, the old log-probs (TRL's or
-        ours) and the reference model's: the rows of one update of a solo batch (`_solo_steps`), i.e. TRL's
-        mini-batch unless `solo_steps_per_generation` is set. A learner gated off at a batch then computes them in
-        GSPO's chunks (on a GPU a chunk's shape can change the last bits), so with GSPO's own loss (`_hacpo_loss`)
-        it trains bit for bit as GSPO; with peers, its own rows' log-probs differ from TRL's chunking by float
-        rounding only."""
-        steps = self._solo_steps()
-        return rows // steps if rows % steps == 0 else self.args.per_device_train_batch_size
-
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
         for key, value in metrics.padding_metrics(self._padding_sums[mode]).items():
             self._metrics[mode][key] = [value]
         self._padding_sums[mode] = {}
         if mode == "train" and "loss" in logs and self._solo_steps() != self.args.steps_per_generation:
-            counts, self._updates_since_log = self._updates_since_log, {"skipped": 0, "last_skipped": False}
-            logs["hacpo/skipped_updates"] = float(counts["skipped"])  # their loss is logged as 0
-            if counts["last_skipped"]:  # transformers logs the last update's norm, and a skipped one has none: 0
+            updates = self._updates
+            logs["hacpo/skipped_updates"] = float(updates.skipped_since_log)  # their loss is logged as 0
+            if updates.last_skipped:  # transformers logs the last update's norm, and a skipped one has none: 0
                 logs.pop("grad_norm", None)  # with no gradient (DeepSpeed would repeat the last real update's)
+            updates.skipped_since_log, updates.last_skipped = 0, False
         super().log(logs, start_time)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        if self._skips_update():  # a solo batch's update beyond `solo_steps_per_generation`: nothing to train on
-            if self._rescue_batch and (self._step + 1) % self._generate_every == 0:
+        # the batch's plan decides, not `model.training` (False after an evaluation until TRL's training_step sets
+        # it): a skipped micro-batch must never reach TRL's loss
+        plan = self._plan
+        if plan.skips(self._step):
+            # a solo batch's update beyond `solo_steps_per_generation`: no forward or backward, no gradient, so the
+            # optimizer step changes nothing (AdamW skips such parameters); every rank of the agent skips together
+            if plan.rescue_only and plan.ends_batch(self._step):
                 self._collect_peer_ratios(torch.zeros(0), 0.0)  # the batch's last micro-step: log its peer ratios
             model.train()  # as Trainer.training_step would: after an evaluation the logs must read as training's
             self._step += 1  # TRL's micro-batch counter, as its own training_step would advance it
             if self.accelerator.sync_gradients:  # the skipped update's last micro-batch (the Trainer's marker)
-                self._updates_since_log["skipped"] += 1
-                self._updates_since_log["last_skipped"] = True
+                self._updates.skipped_since_log += 1
+                self._updates.last_skipped = True
                 self._advance_engine_scheduler()
                 self._update_without_gradients()
             return torch.zeros((), device=self.args.device)
@@ -329,8 +323,8 @@ class HACPOTrainer(GRPOTrainer):
         start = time.perf_counter()
         loss = super().training_step(model, inputs, num_items_in_batch)
         if self.accelerator.sync_gradients:  # the update's last micro-batch, as the Trainer counts them
-            self._updates_since_log["last_skipped"] = False
-            if self.args.skip_empty_updates and not self.__dict__.pop("_update_has_rows", True):
+            self._updates.last_skipped = False
+            if self.sharing.skip_empty_updates and not self._updates.take_has_rows():
                 model.zero_grad(set_to_none=True)  # no row of it had a gradient, on any rank: no optimizer step
                 self._update_without_gradients()
         end_startup()  # downloads, vLLM start-up and the first generation are behind every agent now
@@ -366,22 +360,10 @@ class HACPOTrainer(GRPOTrainer):
         scaler = self.accelerator.scaler
         if scaler is not None and scaler.is_enabled():
             scaler._enabled = False  # torch has no public switch; `_ResumeGradScaler` sets it back
-            self._paused_scaler = scaler
+            self._updates.paused_scaler = scaler
         engine_optimizer = getattr(self.optimizer, "optimizer", None)
         if isinstance(self.optimizer, DeepSpeedOptimizerWrapper) and getattr(engine_optimizer, "overflow", False):
             engine_optimizer.overflow = False
-
-    def _skips_update(self) -> bool:
-        """Whether this micro-batch is one a solo generation batch leaves out (``None`` in TRL's buffer, see
-        `_prepare_inputs`). No forward or backward runs, so no parameter has a gradient and the optimizer step
-        that follows changes nothing (AdamW skips such parameters: no momentum step, no weight decay); the decision
-        reads the agent's shared capability and settings only, so every rank of the agent skips together."""
-        buffered = self._buffered_inputs  # not `self.model.training`: after an evaluation it is False until TRL's
-        return (  # own training_step calls model.train(), and a skipped micro-batch must never reach TRL's loss
-            buffered is not None
-            and self._step % self._generate_every != 0  # a new generation batch is never skipped
-            and buffered[self._step % self.args.steps_per_generation] is None
-        )
 
     def _rng_kept(self):
         """A context in which forwards may draw from the RNG (dropout) without moving it for what comes after."""
@@ -404,7 +386,7 @@ class HACPOTrainer(GRPOTrainer):
                 prompt_completion,
                 attention,
                 batch["completion_ids"].size(1),
-                batch_size=self.args.per_device_train_batch_size,  # in training, `_old_logps_chunk`'s
+                batch_size=self.args.per_device_train_batch_size,  # in training, `schedule.own_rows_chunk`'s
             )
             return logps
 
@@ -434,83 +416,61 @@ class HACPOTrainer(GRPOTrainer):
         check_same_prompts(records, self.agent, self.state.global_step)
         self._last_records = records  # every agent's rollouts of this batch: what `hacpo-probe` reports on
         by_agent = self._update_capability(records, mode)
-        peers = self._open_peers()
-        rescue = self._rescued_prompts(records, peers)
-        involved = peers + [p for p, prompts in rescue.items() if prompts]
-        rows = self._peer_rows(prompt_ids, rewards, by_agent, involved, rescue) if involved else None
-        if rows is not None and self.args.band_gate and mode == "train":
-            in_band = self._peers_in_band(batch, rows, prompt_ids, involved)
+        decision = self._sharing_decision(records)
+        rows = None if decision.solo else self._peer_rows(prompt_ids, rewards, by_agent, *decision.rows_args())
+        if rows is not None and self.sharing.band_gate:  # the band gate needs a forward over the peer rows
+            in_band = self._peers_in_band(batch, rows, prompt_ids, list(decision.involved))
             self._log(mode, {f"hacpo/band_rows/{p}": float(n) for p, n in in_band.items()})
             if 0 in in_band.values():  # a peer closed at this batch: rows and baseline without it
-                peers = [p for p in peers if in_band[p] > 0]
-                rescue = {p: prompts if in_band.get(p) else set() for p, prompts in rescue.items()}
-                involved = [p for p in involved if in_band[p] > 0]
-                rows = self._peer_rows(prompt_ids, rewards, by_agent, involved, rescue) if involved else None
-        self._log(mode, metrics.learns_from_metrics(self.agent, self.agent_names, peers, self._peer_weight()))
-        if self.args.capability_gate_rescue and mode == "train":
-            others = [a for a in self.agent_names if a != self.agent]
-            self._log(mode, {f"hacpo/rescued_prompts/{p}": float(len(rescue.get(p, ()))) for p in others})
-        if self.args.capability_gate and self.args.capability_gate_confidence:
-            caps, rows_behind = self.capability.capabilities(), self.capability.rows()
-            self._log(mode, metrics.gate_evidence_metrics(self.agent, caps, rows_behind, self.args.capability_gate))
-        if not involved:  # learns from no one at this batch: GSPO's own batch (its records were still shared)
+                decision = decision.close_outside_band(in_band)
+                rows = None if decision.solo else self._peer_rows(prompt_ids, rewards, by_agent, *decision.rows_args())
+        caps, behind = self.capability.capabilities(), self.capability.rows()
+        self._log(mode, metrics.sharing_metrics(self.agent, self.agent_names, decision, self.sharing, caps, behind))
+        if decision.solo:  # learns from no one at this batch: GSPO's own batch (its records were still shared)
             self._log(mode, metrics.peer_row_metrics([0, 0, 0, 0]))
-            if mode == "train" and self._one_update(self._solo_steps()):
+            if self._one_update(self._solo_steps()):
                 # GSPO with the solo schedule makes one update of the batch and computes no old log-probs (its ratio
                 # is 1 exactly); TRL computed them for the sharing schedule, and a forward of another shape can
                 # differ in the last bits on a GPU
                 batch.pop("old_per_token_logps", None)
             return self._own_rows_only(batch)
         # a batch whose peer rows are rescued ones only is cut into the micro-batches of a batch learned from no one
-        steps = self._solo_steps() if not peers else self.args.steps_per_generation
-        batch = self._add_peer_rows(batch, rows, prompt_ids, exchange_time, mode, steps)
-        batch["hacpo_rescue_only"] = not peers  # read by _prepare_inputs (the solo schedule), then dropped
+        plan = self._plan_for(len(prompt_ids), peers=True, rescue_only=decision.rescue_only)
+        batch = self._add_peer_rows(batch, rows, prompt_ids, exchange_time, mode, plan.micro_batches)
+        self._plan = plan
         return batch
 
-    @staticmethod
-    def _own_rows_only(batch: dict) -> dict:
-        """TRL's batch of the learner's own rows, with TRL's advantages: what GSPO trains on."""
+    def _own_rows_only(self, batch: dict) -> dict:
+        """TRL's batch of the learner's own rows, with TRL's advantages: what GSPO trains on (with TRL's loss)."""
+        if self.model.training:
+            self._plan = self._plan_for(len(batch["advantages"]), peers=False, rescue_only=False)
         batch["advantages"] = torch.nan_to_num(batch["advantages"], nan=0.0)
         return batch
 
-    def _open_peers(self) -> list[str]:
-        """The peers this learner learns from at this batch by `learn_from` and `capability_gate` (none once
-        `peer_fade_steps` has faded them out); `band_gate` may close more. Logged as ``hacpo/learns_from/<peer>``."""
-        args, tracker = self.args, self.capability
-        # generation batches before this one: the micro-batches of the updates made and of the one under way (an
-        # update may span generation batches) ÷ micro-batches per batch
-        ga = self.args.gradient_accumulation_steps
-        seen = (self.state.global_step * ga + self._step % ga) // self._generate_every
-        peers = open_peers(
-            self.agent, self.agent_names, tracker.capabilities(), args.learn_from_agents(), args.capability_gate,
-            args.capability_gate_warmup, seen, args.capability_gate_confidence, tracker.rows(),
-        )  # fmt: skip
-        return [] if self._peer_weight() == 0 else peers
+    def _plan_for(self, own_rows: int, peers: bool, rescue_only: bool) -> BatchPlan:
+        steps, solo = self.args.steps_per_generation, self._solo_steps()
+        return plan_batch(own_rows, peers, rescue_only, steps, solo, self.num_iterations)
 
-    def _rescued_prompts(self, records: list[RolloutBatch], peers: list[str]) -> dict[str, set[str]]:
-        """With `capability_gate_rescue`, the prompts on which each peer closed by the capability gate (within
-        `learn_from`, not faded out) still lends its rows (:func:`~hacpo_trl.peer_rows.rescued_prompts`); decided
-        from every rank's records, so every rank of the agent decides alike."""
-        if not (self.args.capability_gate_rescue and self.model.training) or self._peer_weight() == 0:
-            return {}
-        allowed = self.args.learn_from_agents()
-        closed = [
-            a for a in self.agent_names if a != self.agent and a not in peers and (allowed is None or a in allowed)
-        ]
-        return rescued_prompts(records, self.agent, closed)
+    def _sharing_decision(self, records=()) -> PeerDecision:
+        """Whom this learner learns from at this batch (:func:`hacpo_trl.sharing.decide`), before the band gate: the
+        capability gate counts the generation batches before this one; every rank of the agent decides alike."""
+        seen = schedule.batches_seen(
+            self.state.global_step, self._step, self.args.gradient_accumulation_steps, self._generate_every
+        )
+        caps, rows = self.capability.capabilities(), self.capability.rows()
+        step, training = self.state.global_step, self.model.training
+        return decide(self.sharing, self.agent, self.agent_names, caps, rows, seen, step, records, training)
 
-    def _peer_rows(self, prompt_ids, rewards, by_agent, peers, rescue=None) -> PeerRows:
+    def _peer_rows(self, prompt_ids, rewards, by_agent, peers, only=None, weight: float = 1.0) -> PeerRows:
         """The learner's peer rows from ``peers`` (:func:`~hacpo_trl.peer_rows.build_peer_rows`): only the learner's
-        and these peers' records enter, their rewards included (the baseline); a peer in ``rescue`` only on its
-        rescued prompts."""
+        and these peers' records enter, their rewards included (the baseline); a peer in ``only`` only on those
+        prompts; ``weight`` scales the peer rows' advantages."""
         by_agent = {agent: by_agent[agent] for agent in (self.agent, *peers) if agent in by_agent}
         records = [r for agent_records in by_agent.values() for r in agent_records]
         learners_view = [a for a in self.agent_names if a in by_agent]  # the learner and the peers it learns from
-        caps, weight = self.capability.capabilities(), self._peer_weight()
-        only = {p: prompts for p, prompts in (rescue or {}).items() if p in peers}
-        return build_peer_rows(
-            prompt_ids, rewards, records, self.agent, learners_view, caps, self.args, self._tokenizer, weight, only
-        )
+        caps, tok = self.capability.capabilities(), self._tokenizer
+        args = (self.agent, learners_view, caps, self.args, tok, weight, only)
+        return build_peer_rows(prompt_ids, rewards, records, *args)
 
     @torch.no_grad()
     def _peers_in_band(self, batch: dict, rows: PeerRows, prompt_ids, peers: list[str]) -> dict[str, int]:
@@ -546,12 +506,6 @@ class HACPOTrainer(GRPOTrainer):
         local = torch.tensor([counts[p] for p in peers], dtype=torch.long, device=self.accelerator.device)
         total = self.accelerator.gather(local).view(-1, len(peers)).sum(0).tolist()
         return dict(zip(peers, total, strict=True))
-
-    def _peer_weight(self) -> float:
-        """The fade of the peer rows' advantages at this generation batch (1 without `peer_fade_steps`)."""
-        if not self.model.training:
-            return 1.0
-        return peer_fade_weight(self.state.global_step, self.args.peer_fade_steps)
 
     def _exchange_capabilities(self, rewards: torch.Tensor) -> None:
         """Without sharing, agents still exchange rewards so every log shows every agent's capability (and so they
@@ -594,7 +548,6 @@ class HACPOTrainer(GRPOTrainer):
         batch.pop("old_per_token_logps", None)  # HACPO's loss uses per-sequence old log-probs (hacpo_old_mean_logp)
         self._last_peer_rows = rows  # what `hacpo-probe` reports on
         batch = self._with_peer_rows(batch, rows, prompt_ids, steps)
-        batch["hacpo_num_self"] = len(prompt_ids)  # read by _prepare_inputs, then dropped
         counts = [len(rows), rows.rejected, rows.truncated, rows.filtered]
         stats = torch.tensor(counts, dtype=torch.float32, device=batch["completion_ids"].device)
         self._log(mode, metrics.peer_row_metrics(self.accelerator.gather(stats).view(-1, 4).sum(0).tolist()))
@@ -602,50 +555,29 @@ class HACPOTrainer(GRPOTrainer):
         return batch
 
     def _prepare_inputs(self, generation_batch):
-        """TRL's buffering, but self rows shuffled among themselves and kept before the shuffled peer rows."""
+        """TRL's buffering, but each generation batch cut as its plan says (`schedule.BatchPlan`): self rows shuffled
+        among themselves and kept before the shuffled peer rows, a solo batch's skipped micro-batches None."""
         with self._timed("prepare_inputs"):
             if not self.model.training:
-                batch = self._generate_and_score_completions(generation_batch)
-                batch.pop("hacpo_num_self", None)
-                batch.pop("hacpo_rescue_only", None)
-                return batch
+                return self._generate_and_score_completions(generation_batch)
             if self._step % self._generate_every == 0 or self._buffered_inputs is None:
                 batch = self._generate_and_score_completions(generation_batch)
-                n_self = batch.pop("hacpo_num_self", None)
-                rescue_only = batch.pop("hacpo_rescue_only", False)
-                steps = self.args.steps_per_generation
-                self._solo_batch = n_self is None  # own rows only: trained with TRL's own loss (`_hacpo_loss`)
-                self._rescue_batch = rescue_only
-                if n_self is None:
+                plan, steps = self._plan, self._plan.micro_batches
+                if plan.solo:  # own rows only, trained with TRL's own loss (`_hacpo_loss`)
                     batch = shuffle_sequence_dict(batch)  # exactly TRL's order when there are no peer rows
-                    steps = self._solo_steps()
-                elif rescue_only:  # the schedule of a batch learned from no one: each of its micro-batches holds
-                    steps = self._solo_steps()  # GSPO's share of the own rows, and an equal share of the rescued
-                    batch = order_rows(batch, n_self, steps, "interleaved")
-                else:
-                    batch = order_rows(batch, n_self, steps, self.args.peer_layout)
+                else:  # a batch of rescued rows only: each micro-batch holds GSPO's share of the own rows
+                    layout = "interleaved" if plan.rescue_only else self.args.peer_layout
+                    batch = order_rows(batch, plan.own_rows, steps, layout)
                 if self.args.group_by_length:
                     batch = self._group_by_length(batch, steps)
-                # a solo batch of `solo_steps_per_generation` updates: the rest are None, skipped by training_step
-                self._buffered_inputs = split_tensor_dict(batch, steps) + [None] * (
-                    self.args.steps_per_generation - steps
-                )
+                skipped = [None] * (self.args.steps_per_generation - steps)  # skipped by training_step
+                self._buffered_inputs = split_tensor_dict(batch, steps) + skipped
             return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
-    def _update_index(self) -> int:
-        """m of Eq. 14 at this micro-step: the updates already made on this generation batch (a batch of rescued
-        rows only, on the solo schedule, does not count its skipped micro-batches)."""
-        ga = self.current_gradient_accumulation_steps
-        if not self._rescue_batch:
-            return current_update(self._step, self._generate_every, ga)
-        return current_update(self._step, self._generate_every, ga, self.args.steps_per_generation, self._solo_steps())
-
     def _solo_steps(self) -> int:
-        """Micro-batches of a generation batch of own rows only: `solo_steps_per_generation` when this learner
-        shares rollouts but learns from no one at this batch (TRL's baselines and single agents: all of them)."""
-        solo = self.args.solo_steps_per_generation
+        """Micro-batches of a generation batch of own rows only (:func:`hacpo_trl.schedule.solo_steps`)."""
         sharing = self.args.share_rollouts and len(self.agent_names) > 1 and self.model.training
-        return solo if sharing and solo is not None else self.args.steps_per_generation
+        return schedule.solo_steps(self.args.steps_per_generation, self.args.solo_steps_per_generation, sharing)
 
     def _group_by_length(self, batch: dict, steps: int) -> dict:
         """Rows of similar length into the same micro-batch, within each optimizer update and between rows of equal
@@ -711,17 +643,18 @@ class HACPOTrainer(GRPOTrainer):
 
     def _hacpo_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
-        if not self.args.share_rollouts or (mode == "train" and self._solo_batch):
+        if not self.args.share_rollouts or (mode == "train" and self._plan.solo):
             # an independent baseline, or a learner with no peer row at this batch: TRL's own objective, untouched,
             # so that it trains bit for bit as GSPO (hacpo_loss equals it only up to float rounding)
             return super()._compute_loss(model, inputs)
-        update_index = self._update_index() if mode == "train" else 0
+        ga = self.current_gradient_accumulation_steps
+        update_index = self._plan.update_index(self._step, ga) if mode == "train" else 0
         is_peer, valid = inputs["hacpo_is_peer"], inputs["hacpo_valid"]
         clipped = self._clipped_peer_rows(model, inputs, update_index) if mode == "train" else None
         keep = gradient_rows(is_peer, clipped)
-        if mode == "train" and self.args.skip_empty_updates:  # read by training_step at the end of the update
+        if mode == "train" and self.sharing.skip_empty_updates:  # read by training_step at the end of the update
             has_rows = self._on_any_rank(has_gradient_rows(valid, clipped))
-            self._update_has_rows = self.__dict__.get("_update_has_rows", False) or has_rows
+            self._updates.has_rows = bool(self._updates.has_rows) or has_rows
         rows = keep.nonzero().flatten()
         logps = self._row_logps(model, inputs, keep)
         on_policy = self._self_on_policy or mode == "eval"
@@ -742,12 +675,12 @@ class HACPOTrainer(GRPOTrainer):
         geometric mean, share in band and mean bound applied over the whole batch (all ranks of this agent)."""
         from accelerate.utils import gather_object
 
-        buffer = self.__dict__.setdefault("_peer_ratio_buffer", [])
+        buffer = self._updates.peer_ratios
         buffer += [(float(r), lower_bound) for r in ratios.tolist()]
         if (self._step + 1) % self._generate_every:
             return
         rows = gather_object(buffer) if self.accelerator.num_processes > 1 else buffer
-        self._peer_ratio_buffer = []
+        self._updates.peer_ratios = []
         self._log("train", metrics.peer_ratio_metrics(rows))
 
     # -------------------------------------------------------------------------------------- saving and resume

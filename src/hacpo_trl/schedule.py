@@ -1,0 +1,154 @@
+"""How a generation batch is cut into micro-batches and optimizer updates: plain arithmetic, no torch.
+
+TRL generates one batch every ``steps_per_generation`` x ``num_iterations`` micro-steps (S·I) and makes an optimizer
+update every ``gradient_accumulation_steps`` (GA) of them. HACPO adds two things on top: the stepwise peer bound
+counts the updates already made on a batch (Eq. 14), and a batch a learner learns from no one at may be cut into
+fewer micro-batches (`solo_steps_per_generation`), the rest skipped. :class:`BatchPlan` is one batch's cut, made
+once when the batch is built; the trainer's steps read it. The config's and the launch plan's rules use the same
+predicates, so they cannot drift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "BatchPlan",
+    "UpdateState",
+    "batches_seen",
+    "current_update",
+    "own_rows_chunk",
+    "plan_batch",
+    "self_on_policy",
+    "solo_fits",
+    "solo_steps",
+    "updates_within_batches",
+]
+
+
+def current_update(
+    step: int,
+    generate_every: int,
+    gradient_accumulation_steps: int,
+    steps_per_iteration: int | None = None,
+    made_per_iteration: int | None = None,
+) -> int:
+    """m: the optimizer updates already made on the current generation batch, at micro-step ``step`` (Eq. 14). A
+    batch on the solo schedule makes only the first ``made_per_iteration`` of each iteration's
+    ``steps_per_iteration`` micro-batches (the others are skipped: no update), so with `num_iterations` > 1 only
+    those count."""
+    ga = max(gradient_accumulation_steps, 1)
+    within = step % generate_every
+    if made_per_iteration is None or steps_per_iteration is None:
+        return within // ga
+    iteration, micro = divmod(within, steps_per_iteration)
+    if micro >= made_per_iteration:
+        raise ValueError(
+            f"micro-step {step} is a skipped one ({micro} >= {made_per_iteration} of {steps_per_iteration})"
+        )
+    return (iteration * made_per_iteration + micro) // ga
+
+
+def self_on_policy(gradient_accumulation_steps: int, generate_every: int, vllm_weights: bool) -> bool:
+    """Whether self rows use their current log-prob as the old one. TRL skips old log-probs when a generation batch
+    is used for exactly one update (and no vLLM importance weights): the self ratio is then 1 in value. HACPO keeps
+    that for self rows (so one agent equals TRL's GSPO) and needs old log-probs anyway for the records it shares."""
+    return gradient_accumulation_steps % generate_every == 0 and not vllm_weights
+
+
+def batches_seen(global_step: int, step: int, gradient_accumulation_steps: int, generate_every: int) -> int:
+    """Generation batches before the one starting at micro-step ``step``, after ``global_step`` finished updates:
+    the micro-batches of the updates made and of the one under way (an update may span generation batches) ÷
+    micro-batches per batch."""
+    ga = gradient_accumulation_steps
+    return (global_step * ga + step % ga) // generate_every
+
+
+def solo_steps(steps_per_generation: int, solo_steps_per_generation: int | None, sharing: bool) -> int:
+    """Micro-batches of a generation batch of own rows only: `solo_steps_per_generation` when the learner shares
+    rollouts but learns from no one at this batch (TRL's baselines and single agents: all of them)."""
+    return solo_steps_per_generation if sharing and solo_steps_per_generation is not None else steps_per_generation
+
+
+def own_rows_chunk(rows: int, solo_micro_batches: int, per_device_train_batch_size: int) -> int:
+    """Rows per chunk of the no-gradient passes over a generation batch's own rows: the rows of one update of a solo
+    batch, so that a learner gated off computes them in GSPO's chunks (TRL's mini-batch when they do not divide)."""
+    if rows % solo_micro_batches == 0:
+        return rows // solo_micro_batches
+    return per_device_train_batch_size
+
+
+def solo_fits(solo: int, steps_per_generation: int, gradient_accumulation_steps: int) -> bool:
+    """Whether `solo_steps_per_generation` cuts a generation batch into whole optimizer updates: it divides
+    `steps_per_generation` and is a multiple of `gradient_accumulation_steps` (an update half-skipped would step on
+    half its rows)."""
+    return not (steps_per_generation % solo or solo % gradient_accumulation_steps)
+
+
+def updates_within_batches(generate_every: int, gradient_accumulation_steps: int) -> bool:
+    """Whether every optimizer update lies inside one generation batch (S·I a multiple of GA) or spans whole ones (GA
+    a multiple of S·I: m = 0), the cases where m of Eq. 14 is exact."""
+    return not (generate_every % gradient_accumulation_steps and gradient_accumulation_steps % generate_every)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How one generation batch is trained: its ``own_rows`` come first; each of its ``num_iterations`` iterations
+    makes the first ``micro_batches`` of ``steps_per_generation`` micro-batches and skips the rest. A ``solo`` batch
+    holds own rows only (TRL's loss); a ``rescue_only`` one holds peer rows of rescued prompts only, on the solo
+    schedule."""
+
+    own_rows: int
+    micro_batches: int
+    steps_per_generation: int
+    num_iterations: int = 1
+    solo: bool = True
+    rescue_only: bool = False
+
+    @property
+    def generate_every(self) -> int:
+        """Micro-steps from one generation batch to the next (TRL's `steps_per_generation` x `num_iterations`)."""
+        return self.steps_per_generation * self.num_iterations
+
+    def skips(self, step: int) -> bool:
+        """Whether micro-step ``step`` is one this batch leaves out (never the first, which generates a batch)."""
+        return step % self.generate_every != 0 and step % self.steps_per_generation >= self.micro_batches
+
+    def update_index(self, step: int, gradient_accumulation_steps: int) -> int:
+        """m of Eq. 14 at micro-step ``step`` (a rescue batch does not count its skipped micro-batches)."""
+        if not self.rescue_only:
+            return current_update(step, self.generate_every, gradient_accumulation_steps)
+        made = self.micro_batches
+        return current_update(step, self.generate_every, gradient_accumulation_steps, self.steps_per_generation, made)
+
+    def ends_batch(self, step: int) -> bool:
+        """Whether micro-step ``step`` is the batch's last."""
+        return (step + 1) % self.generate_every == 0
+
+
+def plan_batch(
+    own_rows: int, peers: bool, rescue_only: bool, steps_per_generation: int, solo_micro_batches: int, iterations: int
+) -> BatchPlan:
+    """The plan of a batch of ``own_rows`` own rows, with peer rows or not (``peers``): the sharing schedule's
+    `steps_per_generation` micro-batches with peers, the solo schedule's ``solo_micro_batches`` without them or with
+    rescued peer rows only."""
+    micro = steps_per_generation if peers and not rescue_only else solo_micro_batches
+    return BatchPlan(own_rows, micro, steps_per_generation, iterations, solo=not peers, rescue_only=rescue_only)
+
+
+@dataclass
+class UpdateState:
+    """What the trainer gathers while an optimizer update (or, for ``peer_ratios``, a generation batch) runs, and
+    hands on when it ends."""
+
+    has_rows: bool | None = None  # a row of the update had a gradient, on any rank (None: no HACPO loss ran)
+    paused_scaler: Any = None  # the GradScaler paused for an update without gradients, until its step is behind
+    peer_ratios: list[tuple[float, float]] = field(default_factory=list)  # (ratio, bound) of each peer row
+    skipped_since_log: int = 0  # updates skipped since the last training log
+    last_skipped: bool = False  # whether the last update was skipped
+
+    def take_has_rows(self) -> bool:
+        """At an update's end: whether it may step (no HACPO loss ran, or a row had a gradient); reset."""
+        has_rows, self.has_rows = self.has_rows, None
+        return has_rows is not False

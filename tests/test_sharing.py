@@ -1,0 +1,189 @@
+"""`hacpo_trl.sharing` and `hacpo_trl.schedule` without a trainer: a learner's settings, its decision at a generation
+batch, and how that batch is cut into micro-batches and updates, all by hand."""
+
+import pytest
+
+from hacpo_trl.config import SHARED_SETTINGS
+from hacpo_trl.exchange import RolloutBatch
+from hacpo_trl.model_card import CARD_SETTINGS
+from hacpo_trl.probe import SHARING_OPTIONS
+from hacpo_trl.schedule import BatchPlan, UpdateState, own_rows_chunk, plan_batch, solo_fits, updates_within_batches
+from hacpo_trl.sharing import (
+    LEARNER_SETTINGS,
+    PEER_LIMITS,
+    RUN_WIDE_SETTINGS,
+    PeerDecision,
+    SharingSettings,
+    decide,
+)
+
+AGENTS = ["A", "B", "C"]
+CAPS = {"A": 0.5, "B": 0.25, "C": 0.75}
+ROWS = dict.fromkeys(AGENTS, 64)
+
+
+def _records(rows_by_agent):
+    """One rank's records per agent, from (prompt id, reward) pairs."""
+    out = []
+    for rank, (agent, rows) in enumerate(rows_by_agent.items()):
+        pids, rewards = map(list, zip(*rows, strict=True))
+        n = len(pids)
+        out.append(RolloutBatch(agent, rank, 0, pids, ["t"] * n, rewards, [-0.5] * n, [2] * n, [True] * n))
+    return out
+
+
+# A failed p0 at every completion and solved p1; B solved p0 once; C solved p1 only.
+RECORDS = _records({
+    "A": [("p0", 0.0), ("p0", 0.0), ("p1", 1.0), ("p1", 0.0)],
+    "B": [("p0", 1.0), ("p0", 0.0), ("p1", 1.0), ("p1", 1.0)],
+    "C": [("p0", 0.0), ("p0", 0.0), ("p1", 1.0), ("p1", 0.0)],
+})  # fmt: skip
+
+
+def _settings(**kwargs):
+    return SharingSettings(**kwargs)
+
+
+# ------------------------------------------------------------------------------------------ the settings
+
+
+def test_the_settings_are_the_lists_other_modules_read():
+    """The card lists every learner setting in the dataclass's order, the probe names the three that choose whom a
+    learner learns from, and none of them has to agree across agents (the run-wide sharing settings must)."""
+    assert LEARNER_SETTINGS == (
+        "peer_filter", "learn_from", "capability_gate", "capability_gate_warmup", "capability_gate_confidence",
+        "capability_gate_rescue", "peer_fade_steps", "solo_steps_per_generation", "skip_empty_updates", "band_gate",
+    )  # fmt: skip
+    start = CARD_SETTINGS.index("peer_filter")
+    assert CARD_SETTINGS[start : start + len(LEARNER_SETTINGS)] == LEARNER_SETTINGS
+    assert PEER_LIMITS == SHARING_OPTIONS == ("learn_from", "capability_gate", "peer_fade_steps")
+    assert not set(LEARNER_SETTINGS) & set(SHARED_SETTINGS)
+    assert set(RUN_WIDE_SETTINGS) <= set(SHARED_SETTINGS)
+
+
+def test_settings_from_a_configs_values_take_the_learner_fields_and_check_them_in_context():
+    values = {**dict.fromkeys(LEARNER_SETTINGS), "peer_filter": "correct", "learn_from": "B", "capability_gate": 1.0}
+    values.update(capability_gate_warmup=2, capability_gate_confidence=0.0, capability_gate_rescue=True)
+    values.update(peer_fade_steps=0, band_gate=False, naive=False, peer_clipping=True, capability_metric="accuracy")
+    settings = SharingSettings.from_values(values)
+    assert (settings.peer_filter, settings.learn_from, settings.capability_gate_warmup) == ("correct", "B", 2)
+    with pytest.raises(ValueError, match=r"^agent 'a': `band_gate` closes a peer .* no band"):
+        SharingSettings.from_values({**values, "band_gate": True, "peer_clipping": False}, "agent 'a': ")
+    with pytest.raises(ValueError, match=r"`capability_gate_confidence` tests accuracies"):
+        SharingSettings.from_values({**values, "capability_gate_confidence": 0.9, "capability_metric": "mean_reward"})
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"peer_filter": "best"}, r"`peer_filter` must be one of \('all', 'correct', 'positive'\), got 'best'"),
+        ({"capability_gate": True}, r"`capability_gate` must be a finite number >= 0, got True"),
+        ({"capability_gate_warmup": 3}, r"keeps the capability gate closed for the first 3 generation batches"),
+        ({"capability_gate": 1.0, "capability_gate_confidence": 0.4}, r"must be 0 \(off\) or in \[0.5, 1\), got 0.4"),
+        ({"capability_gate": 1.0, "capability_gate_rescue": "yes"}, r"must be true or false, got 'yes'"),
+        ({"peer_fade_steps": -1}, r"`peer_fade_steps` must be an integer >= 0, got -1"),
+    ],
+)
+def test_bad_settings_are_refused_where_they_are_made(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SharingSettings(**kwargs)
+
+
+# ------------------------------------------------------------------------------------------ the decision
+
+
+def test_decide_opens_peers_by_learn_from_and_the_gate_by_hand():
+    """P̂: A 0.5, B 0.25, C 0.75. No gate: A learns from B and C. Gate 1: only C (0.75 >= 0.5); gate 0.5 also B
+    (0.25 >= 0.25). `learn_from: B` with gate 1: no one, so A trains alone (solo)."""
+    assert decide(_settings(), "A", AGENTS, CAPS, ROWS, 0, 0) == PeerDecision(("B", "C"), {}, 1.0)
+    assert decide(_settings(capability_gate=1.0), "A", AGENTS, CAPS, ROWS, 0, 0).open == ("C",)
+    assert decide(_settings(capability_gate=0.5), "A", AGENTS, CAPS, ROWS, 0, 0).open == ("B", "C")
+    alone = decide(_settings(learn_from="B", capability_gate=1.0), "A", AGENTS, CAPS, ROWS, 0, 0)
+    assert alone.open == () and alone.solo and not alone.rescue_only
+
+
+def test_decide_keeps_every_peer_closed_during_the_warmup():
+    settings = _settings(capability_gate=1.0, capability_gate_warmup=2)
+    assert [decide(settings, "A", AGENTS, CAPS, ROWS, seen, 0).open for seen in (0, 1, 2)] == [(), (), ("C",)]
+
+
+def test_decide_fades_the_peers_weight_and_closes_every_peer_at_zero():
+    """`peer_fade_steps: 8`: weight 1 - t/8 after t optimizer steps (0.5 at 4); at 8 no peer is open, and nothing is
+    rescued. Outside training the weight is 1."""
+    settings = _settings(peer_fade_steps=8, capability_gate=1.0, capability_gate_rescue=True)
+    half = decide(settings, "A", AGENTS, CAPS, ROWS, 5, 4, RECORDS)
+    assert half.weight == 0.5 and half.open == ("C",)
+    gone = decide(settings, "A", AGENTS, CAPS, ROWS, 5, 8, RECORDS)
+    assert gone == PeerDecision((), {}, 0.0) and gone.solo
+    assert decide(settings, "A", AGENTS, CAPS, ROWS, 5, 8, RECORDS, training=False).weight == 1.0
+
+
+def test_decide_rescues_the_prompts_a_closed_peer_solved_and_the_learner_failed():
+    """Gate 1 closes B for A (0.25 < 0.5). A failed p0 at both completions and B solved it once: B lends its rows on
+    p0 only. C is open, so the batch is not a rescue-only one. With C outside `learn_from`, B's p0 is all A gets:
+    rescue-only, on the solo schedule. Outside training nothing is rescued."""
+    settings = _settings(capability_gate=1.0, capability_gate_rescue=True)
+    both = decide(settings, "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS)
+    assert both.open == ("C",) and both.rescued == {"B": frozenset({"p0"})}
+    assert both.involved == ("C", "B") and not both.rescue_only and both.only_prompts() == {"B": {"p0"}}
+    assert both.rows_args() == (("C", "B"), {"B": {"p0"}}, 1.0)
+    only_b = decide(_settings(learn_from="B", capability_gate=1.0, capability_gate_rescue=True), "A", AGENTS, CAPS,
+                    ROWS, 0, 0, RECORDS)  # fmt: skip
+    assert only_b.open == () and only_b.involved == ("B",) and only_b.rescue_only and not only_b.solo
+    assert decide(settings, "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS, training=False).rescued == {}
+    # B is the weakest: A and C are open to it, and no closed peer is left to rescue from
+    assert decide(settings, "B", AGENTS, CAPS, ROWS, 0, 0, RECORDS).rescued == {}
+
+
+def test_the_band_gate_closes_the_involved_peers_with_no_row_in_the_band():
+    """C open and B rescuing p0; C has 3 rows in the band, B none: B closes (its rescued prompts emptied, kept for the
+    log). If C has none either, the learner learns from no one."""
+    decision = PeerDecision(("C",), {"B": frozenset({"p0"})}, 0.5)
+    closed = decision.close_outside_band({"C": 3, "B": 0})
+    assert closed == PeerDecision(("C",), {"B": frozenset()}, 0.5)
+    assert closed.involved == ("C",) and closed.only_prompts() == {}
+    assert decision.close_outside_band({"C": 0, "B": 0}).solo
+    assert decision.close_outside_band({"C": 0, "B": 1}).rescue_only
+
+
+def test_a_peer_limited_to_some_prompts_enters_only_those():
+    """`PeerDecision.prompts` limits an open peer to some prompts (the hook for per-prompt options)."""
+    decision = PeerDecision(("B", "C"), {}, 1.0, {"C": frozenset({"p1"})})
+    assert decision.only_prompts() == {"C": {"p1"}} and decision.involved == ("B", "C")
+    assert decision.close_outside_band({"B": 2, "C": 0}).only_prompts() == {}
+
+
+# ------------------------------------------------------------------------------------------ the schedule
+
+
+def test_a_batch_plan_by_hand():
+    """`steps_per_generation: 4`, 2 iterations (8 micro-steps per batch). With peers every micro-batch is made.
+    Without peers and `solo_steps_per_generation: 2`: micro-steps 2, 3, 6, 7 are skipped, never 0 (it generates)."""
+    shared = plan_batch(16, peers=True, rescue_only=False, steps_per_generation=4, solo_micro_batches=2, iterations=2)
+    assert shared == BatchPlan(16, 4, 4, 2, solo=False, rescue_only=False)
+    assert [s for s in range(16) if shared.skips(s)] == []
+    solo = plan_batch(16, peers=False, rescue_only=False, steps_per_generation=4, solo_micro_batches=2, iterations=2)
+    assert solo.solo and solo.micro_batches == 2 and solo.generate_every == 8
+    assert [s for s in range(16) if solo.skips(s)] == [2, 3, 6, 7, 10, 11, 14, 15]
+    assert [s for s in range(16) if solo.ends_batch(s)] == [7, 15]
+    rescue = plan_batch(16, peers=True, rescue_only=True, steps_per_generation=4, solo_micro_batches=2, iterations=2)
+    assert rescue.micro_batches == 2 and not rescue.solo
+    assert [rescue.update_index(s, 1) for s in (0, 1, 4, 5, 8)] == [0, 1, 2, 3, 0]
+    assert [shared.update_index(s, 2) for s in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_schedule_rules_by_hand():
+    assert own_rows_chunk(32, 2, 8) == 16 and own_rows_chunk(30, 4, 8) == 8  # 30 rows do not cut into 4: TRL's 8
+    assert solo_fits(2, 4, 2) and solo_fits(4, 4, 1)
+    assert not solo_fits(3, 4, 1) and not solo_fits(1, 4, 2)  # 3 does not divide 4; 1 micro-batch is half an update
+    assert updates_within_batches(4, 2) and updates_within_batches(4, 8) and updates_within_batches(4, 4)
+    assert not updates_within_batches(4, 3) and not updates_within_batches(6, 4)
+
+
+def test_update_state_says_whether_an_update_may_step_and_resets():
+    state = UpdateState()
+    assert state.take_has_rows()  # no HACPO loss ran (a solo batch): the update steps
+    state.has_rows = False
+    assert not state.take_has_rows() and state.has_rows is None
+    state.has_rows = True
+    assert state.take_has_rows()
