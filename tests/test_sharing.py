@@ -53,10 +53,11 @@ def test_the_settings_are_the_lists_other_modules_read():
     assert LEARNER_SETTINGS == (
         "peer_filter", "learn_from", "capability_gate", "capability_gate_warmup", "capability_gate_confidence",
         "capability_gate_rescue", "peer_fade_steps", "solo_steps_per_generation", "skip_empty_updates", "band_gate",
+        "peer_prompts",
     )  # fmt: skip
     start = CARD_SETTINGS.index("peer_filter")
     assert CARD_SETTINGS[start : start + len(LEARNER_SETTINGS)] == LEARNER_SETTINGS
-    assert PEER_LIMITS == SHARING_OPTIONS == ("learn_from", "capability_gate", "peer_fade_steps")
+    assert PEER_LIMITS == SHARING_OPTIONS == ("learn_from", "capability_gate", "peer_fade_steps", "peer_prompts")
     assert not set(LEARNER_SETTINGS) & set(SHARED_SETTINGS)
     assert set(RUN_WIDE_SETTINGS) <= set(SHARED_SETTINGS)
 
@@ -65,6 +66,7 @@ def test_settings_from_a_configs_values_take_the_learner_fields_and_check_them_i
     values = {**dict.fromkeys(LEARNER_SETTINGS), "peer_filter": "correct", "learn_from": "B", "capability_gate": 1.0}
     values.update(capability_gate_warmup=2, capability_gate_confidence=0.0, capability_gate_rescue=True)
     values.update(peer_fade_steps=0, band_gate=False, naive=False, peer_clipping=True, capability_metric="accuracy")
+    values.update(peer_prompts="all")
     settings = SharingSettings.from_values(values)
     assert (settings.peer_filter, settings.learn_from, settings.capability_gate_warmup) == ("correct", "B", 2)
     with pytest.raises(ValueError, match=r"^agent 'a': `band_gate` closes a peer .* no band"):
@@ -126,7 +128,7 @@ def test_decide_rescues_the_prompts_a_closed_peer_solved_and_the_learner_failed(
     both = decide(settings, "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS)
     assert both.open == ("C",) and both.rescued == {"B": frozenset({"p0"})}
     assert both.involved == ("C", "B") and not both.rescue_only and both.only_prompts() == {"B": {"p0"}}
-    assert both.rows_args() == (("C", "B"), {"B": {"p0"}}, 1.0)
+    assert both.rows_args() == (("C", "B"), {"B": {"p0"}}, 1.0, frozenset())
     only_b = decide(_settings(learn_from="B", capability_gate=1.0, capability_gate_rescue=True), "A", AGENTS, CAPS,
                     ROWS, 0, 0, RECORDS)  # fmt: skip
     assert only_b.open == () and only_b.involved == ("B",) and only_b.rescue_only and not only_b.solo
@@ -187,3 +189,44 @@ def test_update_state_says_whether_an_update_may_step_and_resets():
     assert not state.take_has_rows() and state.has_rows is None
     state.has_rows = True
     assert state.take_has_rows()
+
+
+# ------------------------------------------------------------------------------------------ per prompt
+
+
+def test_better_prompts_by_hand():
+    """Success rates per prompt over every rank's records (NaN rewards not scored): the peer's rows are kept only
+    where its rate is above the learner's; ties and groups that both fail keep nothing."""
+    from hacpo_trl.sharing import better_prompts
+
+    nan = float("nan")
+    records = _records({
+        "A": [("p0", 0.0), ("p0", 0.0), ("p1", 1.0), ("p1", 0.0), ("p2", 0.0), ("p2", 0.0), ("p3", 1.0), ("p3", nan)],
+        "B": [("p0", 1.0), ("p0", 0.0), ("p1", 1.0), ("p1", 0.0), ("p2", 0.0), ("p2", 0.0), ("p3", 1.0), ("p3", 1.0)],
+        "C": [("p0", 0.0), ("p0", 0.0), ("p1", 1.0), ("p1", 1.0), ("p2", 1.0), ("p2", nan), ("p3", 1.0), ("p3", 0.0)],
+    })  # fmt: skip
+    records += _records({"A": [("p4", 0.0)], "B": [("p4", 1.0)]})  # a second rank: A 0/1 and B 1/1 on p4
+    # A's rates: p0 0, p1 1/2, p2 0, p3 1/1 (the NaN row unscored), p4 0; B: 1/2, 1/2, 0, 1, 1; C: 0, 1, 1/1, 1/2
+    assert better_prompts(records, "A", ["B", "C"]) == {"B": {"p0", "p4"}, "C": {"p1", "p2"}}
+    assert better_prompts(records, "B", ["A"]) == {"A": set()}  # A is never above B
+
+
+def test_decide_with_peer_prompts_keeps_each_peer_only_where_it_did_better():
+    """`peer_prompts: better`: B did better than A on p0 (1/2 against 0) and p1 (1 against 1/2), C on nothing (ties,
+    RECORDS): B is open on those two
+    with taught rows, C leaves, whatever the overall P̂ (B is the weaker). A gate still closes a peer; a batch where
+    no peer does better is learned from no one; outside training every open peer enters everywhere."""
+    settings = _settings(peer_prompts="better")
+    decision = decide(settings, "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS)
+    assert decision.open == ("B",) and decision.prompts == {"B": frozenset({"p0", "p1"})}
+    assert decision.taught == {"B"} and decision.batch_prompts == 2
+    assert decision.rows_args() == (("B",), {"B": {"p0", "p1"}}, 1.0, frozenset({"B"}))
+    assert not decision.solo and not decision.rescue_only
+    gated = decide(_settings(peer_prompts="better", capability_gate=1.0), "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS)
+    assert gated.solo  # the gate closes B (0.25 < 0.5); C is open but better nowhere
+    assert decide(settings, "C", AGENTS, CAPS, ROWS, 0, 0, RECORDS).open == ("B",)  # B also beats C on p0
+    assert decide(settings, "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS, training=False).open == ("B", "C")
+    # the band gate leaves a taught peer alone (its rows have no band)
+    assert decision.close_outside_band({"B": 0}) == decision
+    with pytest.raises(ValueError, match="`peer_prompts` must be one of \\('all', 'better'\\), got 'some'"):
+        _settings(peer_prompts="some")

@@ -260,6 +260,19 @@ class HACPOConfig(GRPOConfig):
             other stay closed. An alternative to a fixed `capability_gate_warmup`. `0` = off; otherwise in [0.5,
             1). Refused without a gate or with `capability_metric: mean_reward`. Logged as `hacpo/gate_z/<peer>`.
             Not in the paper. May differ per agent (`overrides`).
+        peer_prompts (`str`, *optional*, defaults to `"all"`):
+            On which prompts a learner takes an open peer's rows: `"all"`, or `"better"`: only on the prompts of the
+            generation batch where that peer's success rate (share of its completions with a positive reward, over
+            all ranks) is above the learner's own; ties (both failed, both solved, equal rates) keep nothing. On
+            those prompts the peer's rows enter the joint group and are *taught* rows: instead of the band they get
+            the bounded weight (1 + γ)·s / (s + γ) ≤ 1, γ = 0.1 (LUFFY's shaping, 0.92 at s = 0.5), with the gradient
+            of log s, so a trace the learner finds unlikely still teaches (the band would drop it). Decided per
+            prompt, whatever the overall P̂: agents each better on part of a task teach each other that part, and
+            a stronger learner takes a weaker peer's rows only where the peer did better. Combines with
+            `peer_filter`, `learn_from` and the capability gate (a closed peer stays closed); `band_gate` leaves a
+            taught peer alone. A batch where no peer does better on any prompt is learned from no one
+            (`solo_steps_per_generation`). Logged as `hacpo/taught_prompts/<peer>` (share of the batch's prompts).
+            Not in the paper. May differ per agent (`overrides`).
         capability_gate_rescue (`bool`, *optional*, defaults to `False`):
             With `capability_gate` > 0, a peer the gate keeps closed still lends its rows on the prompts this learner
             failed at every completion (none with a positive reward, over all its ranks) and the peer solved at least
@@ -421,6 +434,9 @@ class HACPOConfig(GRPOConfig):
     )
     band_gate: bool = field(
         default=False, metadata={"help": "Learn from a peer only at batches where some of its rows are in the band."}
+    )
+    peer_prompts: str = field(
+        default="all", metadata={"help": "'all', or 'better': a peer's rows only on prompts it did better on."}
     )
     peer_fade_steps: int = field(
         default=0, metadata={"help": "Fade the peer rows' weight linearly to 0 over this many steps; 0 = no fade."}

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LEARNER_SETTINGS",
     "PEER_FILTERS",
+    "PEER_PROMPTS",
     "PEER_LIMITS",
     "RUN_WIDE_SETTINGS",
     "PeerDecision",
@@ -41,10 +42,12 @@ __all__ = [
     "parse_learn_from",
     "peer_fade_weight",
     "peers_in_band",
+    "better_prompts",
     "rescued_prompts",
 ]
 
 PEER_FILTERS = ("all", "correct", "positive")
+PEER_PROMPTS = ("all", "better")
 
 # Sharing settings every agent must hold equal (unlike a learner's own choices): every agent exchanges at every
 # generation batch, and every learner must compute every agent's P̂ alike.
@@ -97,6 +100,7 @@ class SharingSettings:
     solo_steps_per_generation: int | None = None
     skip_empty_updates: bool = False
     band_gate: bool = False
+    peer_prompts: str = field(default="all", metadata={"limits_peers": True})
     capability_metric: InitVar[str] = "accuracy"
     band: InitVar[bool] = True
     who: InitVar[str] = ""
@@ -143,6 +147,8 @@ class SharingSettings:
         fade = self.peer_fade_steps
         if isinstance(fade, bool) or not isinstance(fade, int) or fade < 0:
             raise ValueError(f"{who}`peer_fade_steps` must be an integer >= 0, got {fade!r}")
+        if self.peer_prompts not in PEER_PROMPTS:
+            raise ValueError(f"{who}`peer_prompts` must be one of {PEER_PROMPTS}, got {self.peer_prompts!r}")
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any], who: str = "") -> SharingSettings:
@@ -295,6 +301,29 @@ def rescued_prompts(records: Sequence[RolloutBatch], learner: str, peers: Sequen
     return {peer: solved & failed for peer, solved in out.items()}
 
 
+def better_prompts(records: Sequence[RolloutBatch], learner: str, peers: Sequence[str]) -> dict[str, set[str]]:
+    """For each of ``peers``, the prompts of this generation batch on which it did better than the learner: its
+    success rate (share of its scored completions with a positive reward, over every rank's ``records``) above the
+    learner's. Ties keep nothing (two groups that both failed, both solved, or solved alike teach nothing new), nor
+    does a prompt one of the two has no scored completion of."""
+
+    def rates(agent: str) -> dict[str, float]:
+        scored: dict[str, list[float]] = {}
+        for r in records:
+            if r.agent == agent:
+                for pid, reward in zip(r.prompt_ids, r.rewards, strict=True):
+                    if math.isfinite(reward):
+                        scored.setdefault(pid, []).append(reward)
+        return {pid: sum(x > 0 for x in rs) / len(rs) for pid, rs in scored.items()}
+
+    own = rates(learner)
+    out = {}
+    for peer in peers:
+        theirs = rates(peer)
+        out[peer] = {pid for pid, rate in theirs.items() if pid in own and rate > own[pid]}
+    return out
+
+
 @dataclass(frozen=True)
 class PeerDecision:
     """Whom a learner learns from at one generation batch, and on which prompts.
@@ -302,12 +331,16 @@ class PeerDecision:
     ``open`` peers enter every prompt's joint group (rows and rewards) unless ``prompts`` limits one of them to some
     prompts; ``rescued`` holds, for each peer the capability gate closed (within ``learn_from``), the prompts on
     which it still lends its rows (`capability_gate_rescue`; empty: none). ``weight`` scales the peer rows'
-    advantages (`peer_fade_steps`)."""
+    advantages (`peer_fade_steps`). ``taught`` peers are limited to the prompts they do better on (`peer_prompts`)
+    and give taught rows (:func:`~hacpo_trl.peer_loss.taught_weight`); ``batch_prompts`` counts the batch's
+    prompts."""
 
     open: tuple[str, ...] = ()
     rescued: Mapping[str, frozenset[str]] = field(default_factory=dict)
     weight: float = 1.0
     prompts: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    taught: frozenset[str] = frozenset()
+    batch_prompts: int = 0
 
     @property
     def involved(self) -> tuple[str, ...]:
@@ -329,20 +362,23 @@ class PeerDecision:
         limited = {p: prompts for p, prompts in self.prompts.items() if p in self.open}
         return {**limited, **{p: prompts for p, prompts in self.rescued.items() if prompts}}
 
-    def rows_args(self) -> tuple[tuple[str, ...], dict[str, frozenset[str]], float]:
-        """``(peers, only_prompts, weight)``: what the peer rows are built from (the involved peers, the prompts some
-        are limited to, the peers' weight; :func:`~hacpo_trl.peer_rows.build_peer_rows`)."""
-        return self.involved, self.only_prompts(), self.weight
+    def rows_args(self) -> tuple[tuple[str, ...], dict[str, frozenset[str]], float, frozenset[str]]:
+        """``(peers, only_prompts, weight, taught)``: what the peer rows are built from (the involved peers, the
+        prompts some are limited to, the peers' weight, the peers whose rows are taught ones;
+        :func:`~hacpo_trl.peer_rows.build_peer_rows`)."""
+        return self.involved, self.only_prompts(), self.weight, self.taught
 
     def close_outside_band(self, in_band: Mapping[str, int]) -> PeerDecision:
         """`band_gate`: the decision without the involved peers none of whose rows is in the band (``in_band``:
-        rows in the band per involved peer, over the learner's ranks)."""
-        keep = {p for p in self.involved if in_band.get(p, 0) > 0}
+        rows in the band per involved peer, over the learner's ranks). A taught peer stays: its rows have no band."""
+        keep = {p for p in self.involved if in_band.get(p, 0) > 0 or p in self.taught}
         return PeerDecision(
             tuple(p for p in self.open if p in keep),
             {p: (prompts if p in keep else frozenset()) for p, prompts in self.rescued.items()},
             self.weight,
             {p: prompts for p, prompts in self.prompts.items() if p in keep},
+            self.taught & keep,
+            self.batch_prompts,
         )
 
 
@@ -361,8 +397,9 @@ def decide(
     ``learn_from`` and open by the capability gate (:func:`open_peers`, with ``rows`` the completions behind each
     P̂ and ``batches_seen`` the generation batches before this one), none once `peer_fade_steps` has faded them out
     after ``step`` optimizer steps (:func:`peer_fade_weight`); with `capability_gate_rescue`, in training, the
-    prompts each closed peer rescues (:func:`rescued_prompts`, from every rank's ``records``). Outside training
-    peers keep their full weight and nothing is rescued."""
+    prompts each closed peer rescues (:func:`rescued_prompts`, from every rank's ``records``); with `peer_prompts:
+    better`, in training, each open peer only on the prompts it does better on (:func:`better_prompts`), and none on
+    a batch where it does better on none. Outside training peers keep their full weight and nothing is rescued."""
     weight = peer_fade_weight(step, settings.peer_fade_steps) if training else 1.0
     allowed = parse_learn_from(settings.learn_from, list(agents))
     peers = open_peers(
@@ -375,4 +412,8 @@ def decide(
     if settings.capability_gate_rescue and training:
         closed = [a for a in agents if a != learner and a not in peers and (allowed is None or a in allowed)]
         rescued = {p: frozenset(prompts) for p, prompts in rescued_prompts(records, learner, closed).items()}
+    if settings.peer_prompts == "better" and training:
+        better = {p: frozenset(prompts) for p, prompts in better_prompts(records, learner, peers).items() if prompts}
+        count = len({pid for r in records for pid in r.prompt_ids})
+        return PeerDecision(tuple(better), rescued, weight, better, frozenset(better), count)
     return PeerDecision(tuple(peers), rescued, weight)

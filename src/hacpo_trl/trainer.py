@@ -461,16 +461,16 @@ class HACPOTrainer(GRPOTrainer):
         step, training = self.state.global_step, self.model.training
         return decide(self.sharing, self.agent, self.agent_names, caps, rows, seen, step, records, training)
 
-    def _peer_rows(self, prompt_ids, rewards, by_agent, peers, only=None, weight: float = 1.0) -> PeerRows:
+    def _peer_rows(self, prompt_ids, rewards, by_agent, peers, only=None, weight: float = 1.0, taught=()) -> PeerRows:
         """The learner's peer rows from ``peers`` (:func:`~hacpo_trl.peer_rows.build_peer_rows`): only the learner's
         and these peers' records enter, their rewards included (the baseline); a peer in ``only`` only on those
-        prompts; ``weight`` scales the peer rows' advantages."""
+        prompts; ``weight`` scales the peer rows' advantages; a peer in ``taught`` gives taught rows."""
         by_agent = {agent: by_agent[agent] for agent in (self.agent, *peers) if agent in by_agent}
         records = [r for agent_records in by_agent.values() for r in agent_records]
         learners_view = [a for a in self.agent_names if a in by_agent]  # the learner and the peers it learns from
         caps, tok = self.capability.capabilities(), self._tokenizer
         args = (self.agent, learners_view, caps, self.args, tok, weight, only)
-        return build_peer_rows(prompt_ids, rewards, records, *args)
+        return build_peer_rows(prompt_ids, rewards, records, *args, taught=taught)
 
     @torch.no_grad()
     def _peers_in_band(self, batch: dict, rows: PeerRows, prompt_ids, peers: list[str]) -> dict[str, int]:
