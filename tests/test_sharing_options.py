@@ -504,6 +504,23 @@ def test_an_agent_that_learns_from_no_one_trains_exactly_as_gspo(learns_from_non
 
 @pytest.mark.launch
 @pytest.mark.timeout(900)
+def test_a_learner_that_keeps_no_prompt_of_its_peer_trains_exactly_as_gspo(tmp_path, launch, gspo_run):
+    """`peer_prompts: better` with a peer that solves nothing (qwen1's every reward 0): qwen1 never does better on
+    a prompt, so llama0 keeps none of its rows at any batch and learns from no one, bit for bit the GSPO baseline
+    launched the same way."""
+    launch(2, "train_agents.py", "--out", str(tmp_path / "run"), "--steps", "8", "--learning_rate", "0.2",
+           "--zero_reward", "1", "--override", '0:peer_prompts="better"', "--override", "0:trim_padding=false")  # fmt: skip
+    llama, qwen = summaries(tmp_path / "run")
+    assert _metric(llama, "hacpo/learns_from/qwen1") == [0.0] * 4 and _metric(llama, "hacpo/peer_rows") == [0] * 4
+    assert _metric(llama, "hacpo/taught_prompts/qwen1") == [0.0] * 4
+    assert _metric(qwen, "hacpo/peer_rows") == [8] * 4  # qwen1 still learns from all of llama0's completions
+    gspo_out, (gspo_llama, _) = gspo_run
+    _assert_trained_as(tmp_path / "run" / "llama0", _load(gspo_out / "llama0"), llama["base"], exact=True)
+    assert _metric(llama, "loss") == _metric(gspo_llama, "loss")
+
+
+@pytest.mark.launch
+@pytest.mark.timeout(900)
 def test_a_solo_learner_with_the_papers_mini_batch_trains_exactly_as_gspo_with_the_papers_schedule(
     tmp_path, launch, gspo_run
 ):

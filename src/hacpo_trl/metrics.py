@@ -133,12 +133,17 @@ def sharing_metrics(
 ) -> dict[str, float]:
     """What a learner's sharing decision (a :class:`~hacpo_trl.sharing.PeerDecision`) was at a generation batch:
     whom it learns from and its peers' weight, with `capability_gate_rescue` the prompts each peer rescued, with
+    `peer_prompts: better` the share of the batch's prompts each peer teaches, with
     `capability_gate_confidence` each peer's evidence (``settings`` are its
     :class:`~hacpo_trl.sharing.SharingSettings`)."""
     out = learns_from_metrics(learner, agents, list(decision.open), decision.weight)
     if settings.capability_gate_rescue:
         others = [a for a in agents if a != learner]
         out.update({f"hacpo/rescued_prompts/{p}": float(len(decision.rescued.get(p, ()))) for p in others})
+    if settings.peer_prompts == "better":
+        others = [a for a in agents if a != learner]
+        share = {p: len(decision.prompts.get(p, ())) / max(decision.batch_prompts, 1) for p in others}
+        out.update({f"hacpo/taught_prompts/{p}": share[p] for p in others})
     if settings.capability_gate and settings.capability_gate_confidence:
         out.update(gate_evidence_metrics(learner, capabilities, rows, settings.capability_gate))
     return out
