@@ -1,6 +1,6 @@
 """What a step costs: GSPO, HACPO and GSPO×2 side by side on the paper-regime pairs, same machine, one run.
 
-    python benchmarks/overhead.py            # every pair, 5 generation batches per run (about 15 min on 2 cores)
+    python benchmarks/overhead.py            # the grid's four pairs, 5 generation batches per run (about 15 min on 2 cores)
     python benchmarks/overhead.py --quick    # the size pair (or --pairs ...), 3 generation batches per run
 
 Each pair (`recipes/tiny_<pair>.yaml`, the built-in warm-started agents) runs the three methods with the schedules of
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "src"))
 from _common import free_port, provenance, write_section  # noqa: E402
-from reproduce import METHODS, _flags  # noqa: E402
+from reproduce import GRID_PAIRS, METHODS, _flags  # noqa: E402
 
 from hacpo_trl.demo import PAIRS  # noqa: E402
 
@@ -102,14 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
-        "--pairs", nargs="+", choices=list(PAIRS), default=None, help="default: every pair; the size pair with --quick"
+        "--pairs", nargs="+", choices=list(PAIRS), default=None, help="default: the grid's pairs; size with --quick"
     )
     parser.add_argument("--steps", type=int, default=5, help="generation batches per run (the first is warm-up)")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
     args = parser.parse_args(argv)
     if args.quick:
         args.pairs, args.steps = args.pairs or ["size"], min(args.steps, 3)
-    args.pairs = args.pairs or list(PAIRS)
+    args.pairs = args.pairs or GRID_PAIRS
     args.steps = max(args.steps, 2)
 
     started = time.perf_counter()

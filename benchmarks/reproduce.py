@@ -23,7 +23,8 @@ Methods: GRPO, GSPO, GSPO×2, Naive sharing, HACPO (self-first peer layout, the 
 interleaved layout (what the official code does on 8 GPUs), HACPO with the library's remedy (`REMEDY`), each
 protective sharing option alone (directed: the stronger agent learns from no one; capability gate; peer fade) and
 the recommended preset (`RECOMMENDED`, chosen on the validation split); on one pair the ablations of the paper.
-`--pairs equal` measures two agents of about equal strength (not in the default grid).
+`--pairs equal` measures two agents of about equal strength, `--pairs complement` two of one overall strength, each
+better on a different half of its task, `arithmetic_trace_carries`, reported per half (neither in the default grid).
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ from _common import free_port, provenance, write_section  # noqa: E402
 
 from hacpo_trl.demo import PAIRS  # noqa: E402
 
-# the paper's four pairs (the grid) and, measured apart (`--pairs equal`), two agents of about equal strength: both built
-# to the stronger band, of different architecture and tokenizer (recipes/tiny_equal.yaml)
+# the paper's four pairs (the grid) and, measured apart: two agents of about equal strength, both built to the stronger
+# band, of different architecture and tokenizer (`--pairs equal`, recipes/tiny_equal.yaml), and two of one overall
+# strength, each better on a different half of the task (`--pairs complement`, recipes/tiny_complement.yaml)
 PAIR_AGENTS = {**PAIRS, "equal": ("trace-instruct", "trace-qwen2")}
+GRID_PAIRS = ["state", "size", "model", "style"]
 
 PROMPTS_PER_STEP = 8
 EVALUATED = {"test": "500 held-out", "validation": "300 validation"}  # arithmetic_trace's splits (eval_samples 500)
@@ -194,6 +197,13 @@ def recipe(pair: str) -> Path:
     return ROOT / "recipes" / f"tiny_{pair}.yaml"
 
 
+def pair_task(pair: str) -> str:
+    """The built-in task the pair's recipe trains and evaluates on."""
+    import yaml
+
+    return yaml.safe_load(recipe(pair).read_text())["task"]
+
+
 def pair_learning_rate(pair: str, args) -> float:
     """`--learning_rate`, else the pair's recipe's (the size pair's is its own: RESULTS.md rule 5)."""
     import yaml
@@ -222,6 +232,7 @@ def check_run_schedule(folder: Path, pair: str, updates: int, args) -> None:
 
 
 AGENTS_RECORD = "agents.json"  # in <out>/<pair>/: what the pair's agents were built to when its runs were made
+HALF_RECORD = ("half", "greedy_accuracy_by_half", "sampled_accuracy", "sampled_accuracy_by_half")
 
 
 def _built_agents(pair: str) -> dict[str, dict]:
@@ -235,7 +246,28 @@ def _built_agents(pair: str) -> dict[str, dict]:
         record = build_record(folder) or {}
         keep = ("steps", "validation_accuracy", "band", "measure", "greedy_accuracy")
         built[agent] = {"folder": Path(folder).name, **{k: record.get(k) for k in keep}}
+        built[agent] |= {k: record[k] for k in HALF_RECORD if k in record}  # an agent of a task with halves
     return built
+
+
+def weaker_agent(pair: str, built: dict[str, dict] | None) -> str:
+    """The pair's weaker agent by capability at the start: the one built to the lower band (`hacpo_trl.demo`), or,
+    when both are built to one band (`equal`, `complement`), the one with the lower sampled validation accuracy at
+    build (`built`: the pair's `AGENTS_RECORD`), what HACPO's capability P̂ measures. Named in results.json so that
+    readers need not infer it from greedy accuracy, which ranks the size pair the other way."""
+    from hacpo_trl.demo import BUILTIN_AGENTS
+
+    agents = PAIR_AGENTS[pair]
+    bands = [tuple(BUILTIN_AGENTS[a].band) for a in agents]
+    if len(set(bands)) == len(bands):
+        return min(agents, key=lambda a: BUILTIN_AGENTS[a].band)
+    if built is None or any(a not in built for a in agents):
+        raise ValueError(f"the {pair} pair's agents share a band: their build records are needed to name the weaker")
+
+    def sampled(record: dict) -> float:
+        return record["validation_accuracy"] if record.get("measure") == "sampled" else record["sampled_accuracy"]
+
+    return min(agents, key=lambda a: sampled(built[a]))
 
 
 def check_reused_agents(out: Path, pair: str, finished: int) -> None:
@@ -398,7 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--learning_rate", type=float, default=None, help="every method's learning rate (default: the recipe's)"
     )
-    parser.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIR_AGENTS))
+    parser.add_argument(
+        "--pairs", nargs="+", default=GRID_PAIRS, choices=list(PAIR_AGENTS), help=f"default: {' '.join(GRID_PAIRS)}"
+    )
     parser.add_argument("--methods", nargs="+", default=None, help="a subset of the methods by name")
     parser.add_argument("--ablation_pair", default="state", help="the pair the ablation grid runs on ('' = none)")
     parser.add_argument("--ablation_seeds", type=int, default=8, help="seeds of each ablation (the first N)")
@@ -487,7 +521,10 @@ def _report(results, args, methods, rollouts) -> dict:
     settings = {}
     for pair, by_method in results.items():
         agents = PAIR_AGENTS[pair]
-        entry: dict = {"agents": list(agents), "seeds": args.seeds, "accuracy": {}, "accuracy_before": {}}
+        record = args.out / pair / AGENTS_RECORD
+        built = json.loads(record.read_text()) if record.exists() else None
+        entry: dict = {"agents": list(agents), "weaker": weaker_agent(pair, built), "task": pair_task(pair)}
+        entry |= {"seeds": args.seeds, "accuracy": {}, "accuracy_before": {}}
         entry |= {"paired_vs_GSPO": {}, "peer": {}, "peer_ratio_median": {}, "rollouts_per_step": {}}
         entry |= {"vs_before": {}, "curve": {}}
         for agent in agents:
@@ -526,12 +563,15 @@ def _report(results, args, methods, rollouts) -> dict:
             } | {m: peer_stats(args.out, pair, m, agent, sorted(by_method[m])) for m in by_method if m in ABLATIONS}
             if "median" in entry["peer"][agent].get("HACPO", {}):
                 entry["peer_ratio_median"][agent] = entry["peer"][agent]["HACPO"]["median"]
+        if all("accuracy_before_by_half" in r[a] for runs in by_method.values() for r in runs.values() for a in agents):
+            entry |= _by_half(by_method, agents)
         entry["rollouts_per_step"] = {m: rollouts[m] for m in by_method}
         entry["steps"], entry["learning_rate"] = pair_steps(pair, args), pair_learning_rate(pair, args)
         entry["rollouts_total"] = {m: rollouts[m] * entry["steps"] for m in by_method}
         settings[pair] = entry
+    tasks = sorted({entry["task"] for entry in settings.values()})
     return {
-        "task": "arithmetic_trace",
+        "task": tasks[0] if len(tasks) == 1 else tasks,
         "split": args.split,
         "steps": args.steps,
         "learning_rate": args.learning_rate,
@@ -542,10 +582,70 @@ def _report(results, args, methods, rollouts) -> dict:
     }
 
 
+def _by_half(by_method: dict[str, dict[int, dict]], agents: tuple[str, ...]) -> dict:
+    """A task with halves: per agent (and method) the accuracy on each half before and after (per seed), after −
+    before and the paired difference from GSPO per half, each with its 95% interval, like the overall ones."""
+    first = next(iter(by_method.values()))
+    before = {a: first[min(first)][a]["accuracy_before_by_half"] for a in agents}
+    out: dict = {"accuracy_before_by_half": before, "accuracy_by_half": {}}
+    out |= {"vs_before_by_half": {}, "paired_vs_GSPO_by_half": {}}
+    gspo = by_method.get("GSPO", {})
+
+    def after(run: dict, agent: str, half: str) -> float:
+        return run[agent]["accuracy_after_by_half"][half]
+
+    for a in agents:
+        out["accuracy_by_half"][a], out["vs_before_by_half"][a], out["paired_vs_GSPO_by_half"][a] = {}, {}, {}
+        for m, runs in by_method.items():
+            seeds = sorted(runs)
+            out["accuracy_by_half"][a][m] = {h: [after(runs[s], a, h) for s in seeds] for h in before[a]}
+            out["vs_before_by_half"][a][m] = {}
+            for h in before[a]:
+                mean, lo, hi = mean_ci([after(runs[s], a, h) - runs[s][a]["accuracy_before_by_half"][h] for s in seeds])
+                out["vs_before_by_half"][a][m][h] = {"mean": mean, "ci95": [lo, hi], "seeds": seeds}
+            common = sorted(set(runs) & set(gspo))
+            if m == "GSPO" or not common:
+                continue
+            out["paired_vs_GSPO_by_half"][a][m] = {}
+            for h in before[a]:
+                mean, lo, hi = paired_ci([after(runs[s], a, h) for s in common], [after(gspo[s], a, h) for s in common])
+                out["paired_vs_GSPO_by_half"][a][m][h] = {"mean": mean, "ci95": [lo, hi], "seeds": common}
+    return out
+
+
 def _fmt_ci(d: dict) -> str:
     lo, hi = d["ci95"]
     ci = "" if math.isnan(lo) else f" [{lo:+.3f}, {hi:+.3f}]"
     return f"{d['mean']:+.3f}{ci}"
+
+
+def _half_lines(entry: dict) -> list[str]:
+    """A task with halves: each agent's accuracy on each half after training (mean over seeds) with after − before,
+    and the paired difference from GSPO, each with its 95% interval; nothing for a task without halves."""
+    if "accuracy_before_by_half" not in entry:
+        return []
+    agents, before = entry["agents"], entry["accuracy_before_by_half"]
+    columns = [(a, h) for a in agents for h in before[a]]
+    header = ["| method | " + " | ".join(f"{a}: {h}" for a, h in columns) + " |", "|---|" + "---|" * len(columns)]
+    start = "; ".join(f"{a} " + ", ".join(f"{h} {v:.3f}" for h, v in before[a].items()) for a in agents)
+    lines = [
+        f"Per half of `{entry['task']}` (its `half` column, half of the evaluated problems each). Before RL: {start}. "
+        f"Weaker at the start (results.json `weaker`): {entry['weaker']}. Accuracy on each half after training, "
+        "mean over seeds (after − before, 95% interval):",
+        "",
+        *header,
+    ]
+    for method in entry["accuracy_by_half"][agents[0]]:
+        cells = []
+        for a, h in columns:
+            mean = statistics.mean(entry["accuracy_by_half"][a][method][h])
+            cells.append(f"{mean:.3f} ({_fmt_ci(entry['vs_before_by_half'][a][method][h])})")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    lines += ["", "Δ vs GSPO on each half (paired by seed, 95% interval):", "", *header]
+    for method in entry["paired_vs_GSPO_by_half"][agents[0]]:
+        cells = [_fmt_ci(entry["paired_vs_GSPO_by_half"][a][method][h]) for a, h in columns]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def _curve_lines(entry: dict, method: str, split: str) -> list[str]:
@@ -609,6 +709,7 @@ def _markdown(report, args, methods, run_seconds, argv) -> list[str]:
                 row += f" {acc} | {_fmt_ci(delta) if delta else '–'} | {ratio} | {band} | {lb} |"
             lines.append(row)
         lines.append("")
+        lines += _half_lines(entry)
         lines += _curve_lines(entry, "GSPO", args.split)
     lines += ["![learning curves](learning_curves.png)", ""]
     return lines

@@ -97,11 +97,11 @@ def test_method_settings_name_the_pairs_stronger_agent_and_the_run_length(tmp_pa
     settings, _, updates = reproduce.METHODS["HACPO peer fade"]
     argv = reproduce._argv("state", "HACPO peer fade", settings, updates, 100, args)
     assert argv[argv.index("--peer_fade_steps") + 1] == "48" and argv[argv.index("--eval_split") + 1] == "validation"
-    assert set(reproduce.STRONGER) == set(reproduce.PAIRS)
+    assert set(reproduce.STRONGER) == set(reproduce.GRID_PAIRS)
     from hacpo_trl.demo import BUILTIN_AGENTS
 
     bands = {name: agent.band for name, agent in BUILTIN_AGENTS.items()}
-    assert all(bands[reproduce.STRONGER[p]] == max(bands[n] for n in reproduce.PAIRS[p]) for p in reproduce.PAIRS)
+    assert all(bands[reproduce.STRONGER[p]] == max(bands[n] for n in reproduce.PAIRS[p]) for p in reproduce.GRID_PAIRS)
     assert all(m.startswith("HACPO") for m in reproduce.CANDIDATES)
     assert reproduce.RECOMMENDED is None or reproduce.RECOMMENDED.startswith("HACPO")
 
@@ -172,11 +172,72 @@ def test_every_pair_runs_the_recipe_of_its_agents():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import reproduce
 
-    assert list(reproduce.PAIR_AGENTS)[:4] == list(reproduce.PAIRS) and "equal" in reproduce.PAIR_AGENTS
+    assert list(reproduce.PAIR_AGENTS)[: len(reproduce.PAIRS)] == list(reproduce.PAIRS)
+    assert "equal" in reproduce.PAIR_AGENTS and "complement" in reproduce.PAIRS
+    assert set(reproduce.GRID_PAIRS) == set(reproduce.PAIRS) - {"complement"}  # the default grid: the paper's four
     for pair, agents in reproduce.PAIR_AGENTS.items():
         recipe = yaml.safe_load(reproduce.recipe(pair).read_text())
         assert tuple(a["name"] for a in recipe["agents"]) == agents, pair
         assert [a["model_name_or_path"] for a in recipe["agents"]] == [f"builtin:{a}" for a in agents], pair
+
+
+def test_each_pair_names_its_weaker_agent_by_capability_at_the_start():
+    """The agent built to the lower band; for two agents of one band, the lower sampled validation accuracy at build
+    (a greedy-band agent records it beside), which needs the pair's build records."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+
+    for pair in reproduce.GRID_PAIRS:
+        (weaker,) = set(reproduce.PAIRS[pair]) - {reproduce.STRONGER[pair]}
+        assert reproduce.weaker_agent(pair, None) == weaker, pair
+    assert reproduce.weaker_agent("size", None) == "trace-small"  # though greedy accuracy ranks it higher
+    built = {"trace-carry": {"measure": "greedy", "validation_accuracy": 0.42, "sampled_accuracy": 0.21},
+             "trace-nocarry": {"measure": "greedy", "validation_accuracy": 0.40, "sampled_accuracy": 0.25}}  # fmt: skip
+    assert reproduce.weaker_agent("complement", built) == "trace-carry"  # higher greedy, lower sampled
+    built["trace-nocarry"]["sampled_accuracy"] = 0.20
+    assert reproduce.weaker_agent("complement", built) == "trace-nocarry"
+    equal = {"trace-instruct": {"measure": "sampled", "validation_accuracy": 0.292},
+             "trace-qwen2": {"measure": "sampled", "validation_accuracy": 0.279}}  # fmt: skip
+    assert reproduce.weaker_agent("equal", equal) == "trace-qwen2"
+    with pytest.raises(ValueError, match="share a band: their build records are needed"):
+        reproduce.weaker_agent("complement", None)
+
+
+def test_a_task_with_halves_is_reported_per_half(tmp_path):
+    """results.json and the markdown give each agent's accuracy per half before and after, after − before and the
+    paired difference from GSPO per half; a pair without halves gets none of it."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+
+    def run(after_carry, after_nocarry, before=(0.6, 0.0)):
+        halves = {"carry": after_carry, "no_carry": after_nocarry}
+        agent = {"accuracy_before": sum(before) / 2, "accuracy_after": sum(halves.values()) / 2, "curve": [[0, 0.3]]}
+        agent |= {"accuracy_before_by_half": dict(zip(halves, before, strict=True)), "accuracy_after_by_half": halves}
+        return {"trace-carry": agent, "trace-nocarry": {**agent}}
+
+    by_method = {
+        "GSPO": {0: run(0.7, 0.0), 1: run(0.8, 0.1)},
+        "HACPO": {0: run(0.6, 0.3), 1: run(0.6, 0.3)},
+    }
+    out = reproduce._by_half(by_method, ("trace-carry", "trace-nocarry"))
+    assert out["accuracy_before_by_half"]["trace-carry"] == {"carry": 0.6, "no_carry": 0.0}
+    assert out["accuracy_by_half"]["trace-carry"]["GSPO"] == {"carry": [0.7, 0.8], "no_carry": [0.0, 0.1]}
+    gain = out["vs_before_by_half"]["trace-carry"]["GSPO"]
+    assert gain["carry"]["mean"] == pytest.approx(0.15) and gain["no_carry"]["mean"] == pytest.approx(0.05)
+    paired = out["paired_vs_GSPO_by_half"]["trace-carry"]
+    assert set(paired) == {"HACPO"} and paired["HACPO"]["carry"]["mean"] == pytest.approx(-0.15)
+    assert paired["HACPO"]["no_carry"]["mean"] == pytest.approx(0.25) and paired["HACPO"]["no_carry"]["seeds"] == [0, 1]
+    entry = {"agents": ["trace-carry", "trace-nocarry"], "task": "arithmetic_trace_carries", "weaker": "trace-carry"}
+    lines = reproduce._half_lines({**entry, **out})
+    text = "\n".join(lines)
+    assert "Before RL: trace-carry carry 0.600, no_carry 0.000;" in text and "`weaker`): trace-carry" in text
+    assert (
+        "| method | trace-carry: carry | trace-carry: no_carry | trace-nocarry: carry | trace-nocarry: no_carry |"
+        in text
+    )
+    assert re.search(r"\| GSPO \| 0\.750 \(\+0\.150 \[[^]]+\]\) \| 0\.050 \(\+0\.050 \[", text)
+    assert re.search(r"\| HACPO \| -0\.150 \[[^]]+\] \| \+0\.250 \[", text)
+    assert reproduce._half_lines(entry) == []  # no halves: no lines
 
 
 def test_two_looks_corrects_each_look_by_hand(tmp_path):

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from hacpo_trl import demo
 from hacpo_trl.algorithm import deal_round_robin, peer_ratio_stats, peer_row_order
 from hacpo_trl.rewards import arithmetic_trace_answer
-from hacpo_trl.tasks import task_splits, trace_solution, trace_splits
+from hacpo_trl.tasks import HALVES, carry_half, carry_trace_splits, task_splits, trace_solution, trace_splits
 
 # ------------------------------------------------------------------------------------------ built-in agents
 
@@ -88,7 +88,8 @@ def test_a_band_on_sampled_accuracy_stops_on_it_and_records_greedy_beside(monkey
     (greedy,) = demo._warm_start(None, None, [("a", _stage((0.1, 0.2)))])
     assert (greedy["steps"], greedy["measure"]) == (10, "greedy") and "greedy_accuracy" not in greedy
     trace = [n for n, a in demo.BUILTIN_AGENTS.items() if a.task.startswith("arithmetic_trace")]
-    assert len(trace) == 7 and all(demo.BUILTIN_AGENTS[n].measure == "sampled" for n in trace)
+    paper = [n for n in trace if n not in demo.PAIRS["complement"]]  # the complement pair's band is on greedy
+    assert len(paper) == 7 and all(demo.BUILTIN_AGENTS[n].measure == "sampled" for n in paper)
 
 
 def test_warm_start_passing_its_band_between_checks_goes_back_one_check_and_steps_singly(monkeypatch):
@@ -133,13 +134,13 @@ def test_a_killed_build_leaves_nothing_behind_for_the_next_one(tmp_path):
 
 def test_pairs_name_builtin_agents_of_the_four_kinds():
     agents = demo.BUILTIN_AGENTS
-    assert set(demo.PAIRS) == {"state", "size", "model", "style"}
+    assert set(demo.PAIRS) == {"state", "size", "model", "style", "complement"}
     strong, weak = (agents[n] for n in demo.PAIRS["state"])
     assert (strong.architecture, strong.hidden_size, strong.layers, strong.seed) == (
         weak.architecture, weak.hidden_size, weak.layers, weak.seed,
     ) and strong.after == demo.PAIRS["state"][1]  # fmt: skip
-    # every pair: one agent's band lies wholly above the other's, and far below 1 (room for RL to improve it)
-    for pair in demo.PAIRS.values():
+    # every pair of the paper's kinds: one agent's band lies wholly above the other's, and far below 1 (room for RL)
+    for pair in (demo.PAIRS[p] for p in ("state", "size", "model", "style")):
         weaker, stronger = sorted(agents[n].band for n in pair)
         assert weaker[0] <= weaker[1] < stronger[0] <= stronger[1] < 0.7, pair
     big, small = (agents[n] for n in demo.PAIRS["size"])
@@ -159,7 +160,102 @@ def test_pairs_name_builtin_agents_of_the_four_kinds():
     assert demo.resolve_model("some/path") == "some/path"
 
 
+def test_the_complement_pair_differs_only_in_the_half_it_is_warm_started_on():
+    """One shape, tokenizer, task and band of overall greedy accuracy; each agent warm-started on 90% rows of its
+    own half, the two halves different; the build fails unless it leads on its own half by 0.15 (the issue's bar)."""
+    a, b = (demo.BUILTIN_AGENTS[n] for n in demo.PAIRS["complement"])
+    assert isinstance(a, demo.HalfAgent) and isinstance(b, demo.HalfAgent)
+    same = ("architecture", "hidden_size", "layers", "band", "task", "measure", "learning_rate", "own_share", "lead")
+    assert all(getattr(a, f) == getattr(b, f) for f in same) and a.seed != b.seed
+    assert {a.half, b.half} == set(HALVES) and a.task == "arithmetic_trace_carries" and a.measure == "greedy"
+    assert a.band[1] - a.band[0] <= 0.05 and a.lead >= 0.15
+    for spec in (a, b):
+        rows = demo.warmup_rows(spec)
+        own = sum(r["half"] == spec.half for r in rows)
+        assert own == 2000 and len(rows) - own == round(2000 / 9)  # 90% own half
+        assert len(demo.validation_rows(spec.task, spec.validation_size)) == 1000
+    # the other agents' specs (and so their cache folders) are unchanged by the subclass
+    assert all(type(s) is demo.DemoAgent for n, s in demo.BUILTIN_AGENTS.items() if n not in demo.PAIRS["complement"])
+    assert len(demo.warmup_rows(demo.BUILTIN_AGENTS["trace-base"])) == 4000
+
+
+class _HalvesRun:
+    """A stand-in warm-start run of a task with halves: fixed accuracy per half, greedy and sampled."""
+
+    def __init__(self, greedy, sampled):
+        self.results = {"greedy": greedy, "sampled": sampled}
+
+    def evaluate(self, measure="greedy", by=None):
+        from hacpo_trl.evaluate import EvalResult
+
+        halves = self.results[measure]
+        return EvalResult(sum(halves.values()) / 2, 0.0, 1, 1000, halves if by else None)
+
+
+def test_a_half_agent_records_its_halves_and_fails_without_its_lead():
+    spec = demo.BUILTIN_AGENTS["trace-carry"]
+    run = _HalvesRun({"carry": 0.66, "no_carry": 0.01}, {"carry": 0.12, "no_carry": 0.0})
+    record = demo._half_record("trace-carry", spec, run)
+    assert record == {
+        "half": "carry",
+        "greedy_accuracy_by_half": {"carry": 0.66, "no_carry": 0.01},
+        "sampled_accuracy": 0.06,
+        "sampled_accuracy_by_half": {"carry": 0.12, "no_carry": 0.0},
+    }
+    close = _HalvesRun({"carry": 0.40, "no_carry": 0.30}, {"carry": 0.1, "no_carry": 0.1})
+    with pytest.raises(RuntimeError, match=r"leads on its own half 'carry' by 0\.100, less than the 0\.15"):
+        demo._half_record("trace-carry", spec, close)
+    # leading on the other half is no lead at all
+    with pytest.raises(RuntimeError, match=r"by -0\.650"):
+        demo._half_record("trace-nocarry", demo.BUILTIN_AGENTS["trace-nocarry"], run)
+
+
 # ------------------------------------------------------------------------------------------------- the task
+
+
+def test_the_existing_tasks_splits_are_unchanged_byte_for_byte():
+    """Other benchmarks depend on the built-in tasks' problems row for row: a new task must not move them."""
+    import hashlib
+    import json
+
+    digests = {
+        t: hashlib.sha256(json.dumps({k: v.to_list() for k, v in task_splits(t).items()}, sort_keys=True).encode())
+        for t in ("arithmetic", "arithmetic_trace", "arithmetic_trace_bracket")
+    }
+    assert {t: d.hexdigest()[:16] for t, d in digests.items()} == {
+        "arithmetic": "0615722a9042ec04",
+        "arithmetic_trace": "992c8085915a4067",
+        "arithmetic_trace_bracket": "b07b779e8fb39097",
+    }
+
+
+def test_carry_halves_by_hand():
+    assert carry_half(347, 285) is None  # the last column does not carry: in neither half
+    assert carry_half(995, 118) == "carry" and carry_half(5, 995) == "carry"
+    assert carry_half(127, 571) == "no_carry" and carry_half(0, 0) == "no_carry"
+    assert carry_half(45, 55) is None  # 045 + 055: the hundreds column does not carry
+    assert trace_solution(995, 118) == "5+8=13, 9+1+1=11, 9+1+1=11, so 1113"
+    assert trace_solution(127, 571) == "7+1=8, 2+7+0=9, 1+5+0=6, so 698"
+
+
+def test_carry_trace_splits_mix_the_halves_50_50_and_are_disjoint():
+    splits = carry_trace_splits()
+    assert {k: len(v) for k, v in splits.items()} == {"test": 500, "validation": 1000, "warmup": 4000, "train": 4000}
+    seen = set()
+    for name, data in splits.items():
+        halves = data["half"]
+        assert halves == [HALVES[i % 2] for i in range(len(data))], name  # alternating: every even prefix is 50/50
+        problems = [tuple(map(int, p[0]["content"].rstrip("=").split("+"))) for p in data["prompt"]]
+        assert [carry_half(a, b) for a, b in problems] == halves, name
+        assert data["solution"] == [trace_solution(a, b) for a, b in problems]
+        assert data["answer"] == [str(a + b) for a, b in problems]
+        assert not seen & set(problems) and len(set(problems)) == len(problems), name
+        seen |= set(problems)
+    assert carry_trace_splits()["test"][:4] == splits["test"][:4]  # from a seed
+    assert task_splits("arithmetic_trace_carries")["train"][:4] == splits["train"][:4]
+    assert arithmetic_trace_answer(splits["test"]["solution"], splits["test"]["answer"]) == [1.0] * 500
+    with pytest.raises(ValueError, match="sizes must be even"):
+        carry_trace_splits(test_size=5)
 
 
 def test_trace_solution_by_hand():

@@ -174,6 +174,34 @@ def test_evaluate_avg_and_best_at_k():
         evaluate_model(model, tok, data, reward, k=2)
 
 
+def test_evaluate_reports_accuracy_per_group_from_the_same_completions():
+    """``by``: avg@k per value of a column (a task's halves), in order of first appearance, without changing what is
+    generated or the overall numbers; a column the dataset lacks is refused by name."""
+    import torch
+
+    from hacpo_trl.evaluate import _result, evaluate_model
+    from hacpo_trl.tiny import char_tokenizer, tiny_llama
+
+    tok = char_tokenizer()
+    model = tiny_llama(tok)
+    data = arithmetic_splits()["test"].select(range(6)).add_column("half", ["b", "a", "b", "a", "b", "a"])
+
+    def reward(completions, answer, **kw):  # problems 0 and 2 right (both "b"), and problem 1 ("a")
+        return [1.0 if i in (0, 1, 2) else 0.0 for i in range(len(completions))]
+
+    torch.manual_seed(0)
+    plain = evaluate_model(model, tok, data, reward, max_new_tokens=2)
+    grouped = evaluate_model(model, tok, data, reward, max_new_tokens=2, by="half")
+    assert plain.by_group is None and grouped.avg_at_k == plain.avg_at_k == pytest.approx(3 / 6)
+    assert grouped.by_group == {"b": pytest.approx(2 / 3), "a": pytest.approx(1 / 3)}
+    assert list(grouped.by_group) == ["b", "a"] and grouped.as_dict()["avg@k_by_group"] == grouped.by_group
+    # k samples per row: every sample of a row counts for its group
+    scores = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    assert _result(scores, ["x", "y", "x"]).by_group == {"x": 0.75, "y": 0.0}
+    with pytest.raises(ValueError, match="by='side'.*no such column"):
+        evaluate_model(model, tok, data, reward, max_new_tokens=2, by="side")
+
+
 def test_gold_answers_of_benchmark_formats():
     from hacpo_trl.evaluate import _gold_answer
 

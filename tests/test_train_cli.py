@@ -73,6 +73,7 @@ def test_a_recipe_without_reward_funcs_is_graded_by_its_tasks_own_reward(tmp_pat
     from hacpo_trl.train import HACPOScriptArguments
 
     correct = {"arithmetic": "632", "arithmetic_trace": trace_solution(347, 285), "math": r"so \boxed{632}"}
+    correct["arithmetic_trace_carries"] = trace_solution(347, 285)
     unnamed = {k: v for k, v in GOOD.items() if k != "reward_funcs"}
     for task, completion in correct.items():
         path = tmp_path / f"{task}.yaml"
@@ -84,6 +85,38 @@ def test_a_recipe_without_reward_funcs_is_graded_by_its_tasks_own_reward(tmp_pat
     assert HACPOScriptArguments(task="arithmetic_trace", reward_funcs=["boxed_format"]).reward_funcs == ["boxed_format"]
     with pytest.raises(RecipeError, match=r"task 'dataset' has no reward of its own: set `reward_funcs`"):
         check_recipe({**unnamed, "task": "dataset", "dataset_name": "rows.jsonl"})
+
+
+def test_held_out_evaluation_reports_each_half_of_a_task_with_halves(monkeypatch):
+    """Before and after training, a task whose rows name their half is scored per half too (from the same
+    completions, at the worked solutions' full length); the learning curve and any other task are scored as before."""
+    from types import SimpleNamespace
+
+    import hacpo_trl.evaluate
+    from hacpo_trl.evaluate import EvalResult
+    from hacpo_trl.tasks import carry_trace_splits, trace_splits
+    from hacpo_trl.train import _evaluate
+
+    calls = []
+
+    def fake(model, tok, data, reward, **kw):
+        calls.append((len(data), kw["by"], kw["max_new_tokens"]))
+        return EvalResult(0.3, 0.3, 1, len(data), {"carry": 0.5, "no_carry": 0.1} if kw["by"] else None)
+
+    monkeypatch.setattr(hacpo_trl.evaluate, "evaluate_model", fake)
+    trainer = SimpleNamespace(
+        accelerator=SimpleNamespace(process_index=0, unwrap_model=lambda m: m),
+        model=None, processing_class=None, args=SimpleNamespace(max_completion_length=40, chat_template_kwargs=None),
+    )  # fmt: skip
+    halves = SimpleNamespace(eval_samples=500, reward_funcs=["arithmetic_trace"], task="arithmetic_trace_carries")
+    plain = SimpleNamespace(eval_samples=500, reward_funcs=["arithmetic_trace"], task="arithmetic_trace")
+    test = carry_trace_splits()["test"]
+    assert _evaluate(trainer, test, halves, by_half=True) == (0.3, {"carry": 0.5, "no_carry": 0.1})
+    assert _evaluate(trainer, test, halves) == 0.3  # the learning curve: overall only
+    assert _evaluate(trainer, trace_splits()["test"], plain, by_half=True) == (0.3, None)
+    assert calls == [(500, "half", 40), (500, None, 40), (500, None, 40)]
+    trainer.accelerator.process_index = 1  # another rank of the agent reports nothing
+    assert _evaluate(trainer, test, halves, by_half=True) == (None, None) and len(calls) == 3
 
 
 def test_process_counts_must_fit_the_launch():

@@ -38,9 +38,11 @@ class EvalResult:
     best_at_k: float
     k: int
     n: int
+    by_group: dict[str, float] | None = None  # avg@k per value of the column named by `evaluate_model(by=...)`
 
     def as_dict(self) -> dict:
-        return {"avg@k": self.avg_at_k, "best@k": self.best_at_k, "k": self.k, "n": self.n}
+        out = {"avg@k": self.avg_at_k, "best@k": self.best_at_k, "k": self.k, "n": self.n}
+        return out if self.by_group is None else {**out, "avg@k_by_group": self.by_group}
 
 
 def _check_sampling(k: int, temperature: float) -> None:
@@ -72,13 +74,21 @@ def _score(reward_func: Callable, rows: list[dict], texts: list[str], k: int) ->
     return torch.tensor(rewards, dtype=torch.float).view(len(rows), k)
 
 
-def _result(scores: torch.Tensor) -> EvalResult:
+def _result(scores: torch.Tensor, groups: list[str] | None = None) -> EvalResult:
+    """avg@k and best@k of (rows, k) rewards; with ``groups`` (one name per row) also avg@k per group, in order of
+    first appearance (a task with halves: accuracy on each half, from the same completions)."""
     correct = scores > 0
+    by_group = None
+    if groups is not None:
+        by_group = {
+            g: float(correct[[i for i, x in enumerate(groups) if x == g]].float().mean()) for g in dict.fromkeys(groups)
+        }
     return EvalResult(
         avg_at_k=float(correct.float().mean()),
         best_at_k=float(correct.any(dim=1).float().mean()),
         k=scores.shape[1],
         n=scores.shape[0],
+        by_group=by_group,
     )
 
 
@@ -142,16 +152,21 @@ def evaluate_model(
     progress: bool = False,
     desc: str = "eval",
     memory_bytes: int | None = None,
+    by: str | None = None,
 ) -> EvalResult:
     """Score ``model`` on ``dataset`` (columns ``prompt`` and what ``reward_func`` needs, e.g. ``answer``).
 
     Each ``generate`` call runs at most ``batch_size`` problems x ``k`` samples, and on a GPU no more sequences than
-    `sequences_per_batch` allows for the free memory (``memory_bytes`` stands in for it, e.g. in a CPU test)."""
+    `sequences_per_batch` allows for the free memory (``memory_bytes`` stands in for it, e.g. in a CPU test).
+    ``by``: a column of ``dataset`` (e.g. a task's ``half``) to report avg@k per value of, in ``by_group``; the
+    generations are the same with or without it."""
     _check_sampling(k, temperature)
+    rows = list(dataset)
+    if by is not None and rows and by not in rows[0]:
+        raise ValueError(f"evaluate_model(by={by!r}): the dataset has no such column; it has {list(rows[0])}")
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    rows = list(dataset)
     prompts = [_prompt_ids(tokenizer, r, chat_template_kwargs) for r in rows]
     free = memory_bytes if memory_bytes is not None else _free_bytes(device)
     dtype_bytes = next(model.parameters()).element_size()
@@ -179,7 +194,9 @@ def evaluate_model(
         )
         texts += tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
     model.train(was_training)
-    return _result(_score(reward_func, rows, texts, k)) if rows else _result(torch.zeros(0, k))
+    if not rows:
+        return _result(torch.zeros(0, k))
+    return _result(_score(reward_func, rows, texts, k), None if by is None else [str(r[by]) for r in rows])
 
 
 def evaluate_with_vllm(
@@ -317,14 +334,14 @@ def load_benchmark(bench: Benchmark):
 
 # ------------------------------------------------------------------------------ the built-in tasks, as trained
 
-BUILTIN_TASKS = ("arithmetic", "arithmetic_trace")
+BUILTIN_TASKS = ("arithmetic", "arithmetic_trace", "arithmetic_trace_carries")
 TASK_RECORD = "hacpo_task.json"  # written next to each saved agent by `hacpo-train`: what it was trained on
 
 
 def eval_length(task: str, max_completion_length: int) -> int:
     """Generation length of held-out evaluation: worked solutions get the full completion length, short answers at
     most 16 tokens (training's own evaluation and `hacpo-eval` alike)."""
-    return max_completion_length if task == "arithmetic_trace" else min(16, max_completion_length)
+    return max_completion_length if task.startswith("arithmetic_trace") else min(16, max_completion_length)
 
 
 def builtin_eval(task: str, max_completion_length: int | None = None, split: str = "test"):
@@ -339,7 +356,7 @@ def builtin_eval(task: str, max_completion_length: int | None = None, split: str
         raise ValueError(f"task {task!r} has no {split!r} split")
     reward = get_reward_funcs(task_reward_funcs(task))[0]
     if max_completion_length is None:
-        return splits[split], reward, 64 if task == "arithmetic_trace" else 8
+        return splits[split], reward, 64 if task.startswith("arithmetic_trace") else 8
     return splits[split], reward, eval_length(task, max_completion_length)
 
 

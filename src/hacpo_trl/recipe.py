@@ -41,6 +41,10 @@ __all__ = [
 ]
 
 
+# what a recipe may train on: the built-in tasks with an RL split (`hacpo_trl.tasks`), MATH, or any dataset
+RECIPE_TASKS = ("arithmetic", "arithmetic_trace", "arithmetic_trace_carries", "math", "dataset")
+
+
 class RecipeError(ValueError):
     """A recipe that cannot run; the message names the key and the fix."""
 
@@ -51,8 +55,9 @@ class HACPOScriptArguments:
 
     Args:
         task: ``"arithmetic"`` (the built-in short-answer task), ``"arithmetic_trace"`` (the built-in worked-solution
-            task, see `hacpo_trl.tasks`), ``"math"`` (MATH with the boxed-answer instruction) or ``"dataset"`` (any
-            dataset with ``prompt`` and ``answer`` columns).
+            task, see `hacpo_trl.tasks`), ``"arithmetic_trace_carries"`` (the same on two halves of the problems,
+            with and without carries, accuracy reported per half), ``"math"`` (MATH with the boxed-answer
+            instruction) or ``"dataset"`` (any dataset with ``prompt`` and ``answer`` columns).
         dataset_name: dataset id or local path for ``"math"`` / ``"dataset"``.
         dataset_config: dataset configuration name.
         dataset_train_split: split to train on.
@@ -70,7 +75,10 @@ class HACPOScriptArguments:
             never mixed (transformers 5 dropped `TrainingArguments.overwrite_output_dir`; this is HACPO's own).
     """
 
-    task: str = field(default="arithmetic", metadata={"help": "'arithmetic', 'arithmetic_trace', 'math' or 'dataset'."})
+    task: str = field(
+        default="arithmetic",
+        metadata={"help": "'arithmetic', 'arithmetic_trace', 'arithmetic_trace_carries', 'math' or 'dataset'."},
+    )
     dataset_name: str | None = field(default=None, metadata={"help": "Dataset id or path."})
     dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration."})
     dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
@@ -325,10 +333,8 @@ def preflight(recipe: dict, num_processes: int | None = None, environ=os.environ
         if isinstance(folder, str) and os.path.isfile(folder):
             raise RecipeError(f"recipe key {key!r}: {folder!r} is a file, not a folder")
     task = recipe.get("task", "arithmetic")
-    if task not in ("arithmetic", "arithmetic_trace", "math", "dataset"):
-        raise RecipeError(
-            f"recipe key 'task' must be 'arithmetic', 'arithmetic_trace', 'math' or 'dataset', got {task!r}"
-        )
+    if task not in RECIPE_TASKS:
+        raise RecipeError(f"recipe key 'task' must be one of {', '.join(map(repr, RECIPE_TASKS))}, got {task!r}")
     if task == "dataset" and not recipe.get("dataset_name"):
         raise RecipeError("recipe key 'dataset_name' is required with task: dataset")
     if data and task in ("math", "dataset"):

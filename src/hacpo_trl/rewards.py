@@ -123,6 +123,7 @@ TASK_REWARDS: dict[str, str] = {
     "arithmetic": "arithmetic_exact",
     "arithmetic_trace": "arithmetic_trace",
     "arithmetic_trace_bracket": "arithmetic_trace",
+    "arithmetic_trace_carries": "arithmetic_trace",
     "math": "math_verify",
 }
 

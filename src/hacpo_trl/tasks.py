@@ -9,6 +9,10 @@ Built-in tasks (both answer-graded, split into disjoint ``warmup`` / ``train`` /
   that knows the format, as in the paper's long reasoning traces, so peer ratios sit near 1; the reward looks at the
   final answer only. ``arithmetic_trace_bracket`` is the same task with its warm-up solutions written differently
   (``[5+7=12][8+4+1=13][2+3+1=6] so 632``), for agents that write their traces in another style.
+* ``arithmetic_trace_carries``: the same worked solutions on two halves of the problems, tagged in a ``half`` column:
+  ``carry`` (every column carries: ``7+5=12, 4+8+1=13, 3+6+1=10, so 1032``) and ``no_carry`` (no column does:
+  ``2+5=7, 4+3+0=7, 3+6+0=9, so 977``); every split is half of each, for the ``complement`` pair of agents, each
+  warm-started mostly on one half (`HALVES`, `carry_trace_splits`).
 
 Every dataset has a conversational ``prompt`` column (so each agent applies its own chat template) and an
 ``answer`` column that the rewards compare against.
@@ -22,10 +26,13 @@ from datasets import Dataset
 
 __all__ = [
     "BOXED_INSTRUCTION",
+    "HALVES",
     "TASKS",
     "arithmetic_splits",
     "TRACE_STYLES",
     "bracket_trace_splits",
+    "carry_half",
+    "carry_trace_splits",
     "load_any_dataset",
     "math_dataset",
     "task_splits",
@@ -126,10 +133,74 @@ def bracket_trace_splits(**kwargs) -> dict[str, Dataset]:
     return trace_splits(style="bracket", **kwargs)
 
 
+HALVES = ("carry", "no_carry")
+
+
+def carry_half(a: int, b: int, digits: int = 3) -> str | None:
+    """``"carry"`` if every column of ``a+b`` carries, ``"no_carry"`` if none does, else None (in neither half).
+
+    Every column or none, not "some carry or none": a problem with one carry has columns without, so an agent trained
+    on such problems also writes every step of a no-carry problem; here each half's steps are ones the other half's
+    traces never show (totals of 10 and more with a carry of 1, against totals below 10 with a carry of 0)."""
+    xs, ys = str(a).zfill(digits)[::-1], str(b).zfill(digits)[::-1]
+    carries, carry = [], 0
+    for x, y in zip(xs, ys, strict=True):
+        carry = (int(x) + int(y) + carry) // 10
+        carries.append(carry)
+    return "carry" if all(carries) else "no_carry" if not any(carries) else None
+
+
+def carry_trace_splits(
+    seed: int = 0,
+    digits: int = 3,
+    test_size: int = 500,
+    validation_size: int = 1000,
+    warmup_size: int = 4000,
+    train_size: int = 4000,
+) -> dict[str, Dataset]:
+    """Disjoint ``warmup`` / ``train`` / ``validation`` / ``test`` splits of ``arithmetic_trace_carries``: the
+    ``steps`` worked solutions of problems in one of two `HALVES` (`carry_half`), named in a ``half`` column.
+
+    Every split alternates the halves row by row (``carry`` first), so that it and every even-length prefix of it
+    (the first ``eval_samples`` test problems, the first validation problems a warm-start is checked on) is half of
+    each. ``warmup`` is half of each too: an agent picks its own mix of it (`hacpo_trl.demo.DemoAgent.half`)."""
+    top = 10**digits
+    rng = random.Random(seed)
+    sizes = {"test": test_size, "validation": validation_size, "warmup": warmup_size, "train": train_size}
+    if any(size % 2 for size in sizes.values()):
+        raise ValueError(
+            f"every split of arithmetic_trace_carries is half of each half: sizes must be even, got {sizes}"
+        )
+    each = sum(sizes.values()) // 2
+    pairs: dict[str, set[tuple[int, int]]] = {half: set() for half in HALVES}
+    while any(len(found) < each for found in pairs.values()):
+        a, b = rng.randrange(top), rng.randrange(top)
+        half = carry_half(a, b, digits)
+        if half is not None and len(pairs[half]) < each:
+            pairs[half].add((a, b))
+    ordered = {}
+    for half in HALVES:
+        ordered[half] = sorted(pairs[half])
+        rng.shuffle(ordered[half])
+
+    splits, start = {}, 0
+    for name, size in sizes.items():
+        chunks = [ordered[half][start : start + size // 2] for half in HALVES]
+        rows = [
+            {**_problem(a, b), "solution": trace_solution(a, b, digits), "half": half}
+            for pair in zip(*chunks, strict=True)
+            for half, (a, b) in zip(HALVES, pair, strict=True)
+        ]
+        splits[name] = Dataset.from_list(rows)
+        start += size // 2
+    return splits
+
+
 TASKS = {
     "arithmetic": arithmetic_splits,
     "arithmetic_trace": trace_splits,
     "arithmetic_trace_bracket": bracket_trace_splits,
+    "arithmetic_trace_carries": carry_trace_splits,
 }
 
 

@@ -49,19 +49,23 @@ def _dataset(script_args: HACPOScriptArguments):
     return data, None
 
 
-def _evaluate(trainer, test, script_args) -> float | None:
-    """Held-out accuracy, reported by the agent's rank 0. Under FSDP or ZeRO-3 every forward is a collective over the
-    agent's ranks, so all of them generate (the same prompts, in calls sized alike by the least free memory among
-    them) or rank 0 would wait forever for the other shards."""
+def _evaluate(trainer, test, script_args, by_half: bool = False):
+    """Held-out accuracy, reported by the agent's rank 0 (None elsewhere); with ``by_half``, (accuracy, accuracy per
+    half) for a task whose rows name their half (`hacpo_trl.tasks.HALVES`; None per half for any other task), from
+    the same completions. Under FSDP or ZeRO-3 every forward is a collective over the agent's ranks, so all of them
+    generate (the same prompts, in calls sized alike by the least free memory among them) or rank 0 would wait
+    forever for the other shards."""
+    nothing = (None, None) if by_half else None
     if test is None or script_args.eval_samples <= 0:
-        return None
+        return nothing
     collective = getattr(trainer, "is_fsdp_enabled", False) or getattr(getattr(trainer, "_dist", None), "is_zero3", 0)
     if trainer.accelerator.process_index != 0 and not collective:
-        return None
+        return nothing
     from .evaluate import eval_length, evaluate_model, least_free_bytes
     from .rewards import get_reward_funcs
 
     model = trainer.accelerator.unwrap_model(trainer.model)
+    halves = by_half and "half" in test.column_names
     result = evaluate_model(
         model,
         trainer.processing_class,
@@ -70,8 +74,11 @@ def _evaluate(trainer, test, script_args) -> float | None:
         max_new_tokens=eval_length(script_args.task, trainer.args.max_completion_length),
         chat_template_kwargs=trainer.args.chat_template_kwargs,
         memory_bytes=least_free_bytes(trainer.accelerator) if collective else None,  # the same calls on every rank
+        by="half" if halves else None,
     )
-    return result.avg_at_k if trainer.accelerator.process_index == 0 else None
+    if trainer.accelerator.process_index != 0:
+        return nothing
+    return (result.avg_at_k, result.by_group) if by_half else result.avg_at_k
 
 
 def _write_task_record(config, script_args) -> None:
@@ -365,7 +372,7 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
     model_path = resolve_model(spec.model_name_or_path)
     train, test = _dataset(script_args)
     trainer = HACPOTrainer(model=model_path, reward_funcs=reward_funcs, args=config, train_dataset=train)
-    before = _evaluate(trainer, test, script_args)
+    before, before_by_half = _evaluate(trainer, test, script_args, by_half=True)
     curve = [] if before is None else [(0, before)]
     if before is not None:
         print(f"[{trainer.agent}] held-out accuracy before training: {before:.3f}", flush=True)
@@ -382,7 +389,7 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
     install(trainer, global_rank)
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     trainer.save_model()
-    after = _evaluate(trainer, test, script_args)
+    after, after_by_half = _evaluate(trainer, test, script_args, by_half=True)
     if after is not None:
         curve.append((trainer.state.global_step, after))
         print(f"[{trainer.agent}] held-out accuracy after training:  {after:.3f}", flush=True)
@@ -395,8 +402,9 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
     import resource
 
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    halves = {"accuracy_before_by_half": before_by_half, "accuracy_after_by_half": after_by_half}
     report = (trainer.agent, is_agent_main, before, after, trainer.state.log_history, config.output_dir, curve, peak_mb)
-    reports = [r for r in trainer.exchange.all_gather(report, what="final report") if r[1]]
+    reports = [r for r in trainer.exchange.all_gather((*report, halves), what="final report") if r[1]]
     if trainer.topology.global_rank == 0:
         root = os.path.commonpath([r[5] for r in reports]) if len(reports) > 1 else config.output_dir
         summary = {
@@ -406,6 +414,7 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
                 "output_dir": r[5],
                 "curve": r[6],
                 "peak_rss_mb": round(r[7], 1),
+                **{k: v for k, v in r[8].items() if v is not None},  # a task with halves: accuracy per half
             }
             for r in reports
         }
