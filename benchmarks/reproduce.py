@@ -137,6 +137,11 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
          "capability_gate_rescue": True, **SOLO, "band_gate": True, **HACPO_SCHEDULE},
         8, 4,
     ),
+    # sharing decided per prompt (rule 9): a peer's rows only where it did better than the learner, as taught rows
+    "HACPO per-prompt + GSPO solo updates": ({"peer_prompts": "better", **SOLO, **HACPO_SCHEDULE}, 8, 4),
+    "HACPO correct + per-prompt + GSPO solo updates": (
+        {"peer_filter": "correct", "peer_prompts": "better", **SOLO, **HACPO_SCHEDULE}, 8, 4,
+    ),
 }  # fmt: skip
 METHODS |= CANDIDATES
 # the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset
