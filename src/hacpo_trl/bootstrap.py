@@ -28,17 +28,17 @@ def task_datasets(script_args: HACPOScriptArguments):
     return data, None
 
 
-def place(recipe: dict, world: int) -> None:
+def place(recipe: dict, world: int) -> str | None:
     """Give this process its agent's GPUs and the CUDA allocator's settings while CUDA cannot have been initialised
-    yet (see `hacpo_trl.placement`). A recipe whose process counts do not fit the launch is left to `check_recipe`."""
+    yet (see `hacpo_trl.placement`); returns the line that says the allocator was set, for the caller to print once
+    the recipe has passed its checks (a refused recipe gets its one error line only). A recipe whose process counts
+    do not fit the launch is left to `check_recipe`."""
     from .placement import place_process, process_counts, set_cuda_allocator, share_gpus
 
     counts = process_counts(recipe)
     if world > 1 and counts is not None and sum(counts) == world:
         place_process(counts, share_gpus(recipe))
-    said = set_cuda_allocator(recipe)
-    if said and os.environ.get("RANK", "0") == "0":
-        print(said, file=sys.stderr, flush=True)
+    return set_cuda_allocator(recipe)
 
 
 def filter_library_warnings(recipe: dict, argv: list[str]) -> None:
