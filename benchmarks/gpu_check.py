@@ -221,11 +221,11 @@ def _instrument(out_dir: str) -> None:
 
 def _worker(out_dir: str, argv: list[str]) -> int:
     """One rank of the launch: placed first (as `hacpo-train` does), then instrumented, then trained."""
+    from hacpo_trl.bootstrap import place
     from hacpo_trl.recipe import config_path, load_recipe
-    from hacpo_trl.train import _place
     from hacpo_trl.train import main as train_main
 
-    _place(load_recipe(config_path(argv)), int(os.environ.get("WORLD_SIZE", "1") or 1))
+    place(load_recipe(config_path(argv)), int(os.environ.get("WORLD_SIZE", "1") or 1))
     _instrument(out_dir)
     return train_main(argv)
 

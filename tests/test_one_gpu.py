@@ -134,8 +134,8 @@ def test_trls_deprecated_checkpointing_calls_are_quiet_under_hacpo_train():
     `hacpo-train` hides those FutureWarnings (only a TRL release can fix the calls)."""
     import warnings
 
+    from hacpo_trl.bootstrap import filter_library_warnings
     from hacpo_trl.tiny import char_tokenizer, tiny_llama
-    from hacpo_trl.train import _filter_library_warnings
 
     model = tiny_llama(char_tokenizer())
 
@@ -150,7 +150,7 @@ def test_trls_deprecated_checkpointing_calls_are_quiet_under_hacpo_train():
         assert len(toggled()) == 3  # what a step printed before
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _filter_library_warnings({}, [])
+        filter_library_warnings({}, [])
         assert toggled() == []
 
 
@@ -160,7 +160,7 @@ def test_a_model_shape_builds_once_into_the_cache(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hacpo_trl import shapes
-    from hacpo_trl.demo import resolve_model
+    from hacpo_trl.builtin import resolve_model
     from hacpo_trl.plan_cli import model_config
 
     monkeypatch.setenv("HACPO_CACHE", str(tmp_path))

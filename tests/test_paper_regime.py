@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from hacpo_trl import demo
+from hacpo_trl import builtin, demo
 from hacpo_trl.algorithm import deal_round_robin, peer_ratio_stats, peer_row_order
 from hacpo_trl.rewards import arithmetic_trace_answer
 from hacpo_trl.tasks import HALVES, carry_half, carry_trace_splits, task_splits, trace_solution, trace_splits
@@ -157,7 +157,7 @@ def test_pairs_name_builtin_agents_of_the_four_kinds():
     assert (steps.task, bracket.task) == ("arithmetic_trace", "arithmetic_trace_bracket")
     same = ("model", "state", "size")
     assert all(agents[n].task == "arithmetic_trace" for pair in same for n in demo.PAIRS[pair])
-    assert demo.resolve_model("some/path") == "some/path"
+    assert builtin.resolve_model("some/path") == "some/path"
 
 
 def test_the_complement_pair_differs_only_in_the_half_it_is_warm_started_on():

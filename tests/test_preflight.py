@@ -115,7 +115,7 @@ def test_every_bad_input_gives_one_line_in_a_real_two_process_launch(tmp_path):
     """Every case of the table launched for real (the racy ones three times), four launches at a time: each exits
     with the launcher's status 1 (a child exited 2) and prints exactly one `hacpo-train: error:` line naming the
     problem before the launcher's traceback, and the same line once more after it, as the last line. The other
-    ranks wait for the launcher's stop instead of exiting first (see `hacpo_trl.train.refuse`)."""
+    ranks wait for the launcher's stop instead of exiting first (see `hacpo_trl.bootstrap.refuse`)."""
     runs = [(c, i) for c in CASES for i in range(3 if c[0] in RACY else 1)]
     failures, pending = [], list(runs)
     while pending:

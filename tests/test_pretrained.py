@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hacpo_trl.demo import resolve_model
+from hacpo_trl.builtin import resolve_model
 from hacpo_trl.pretrained import PRETRAINED, build_pretrained
 from helpers import accelerate_launch, summaries
 

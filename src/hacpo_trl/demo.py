@@ -47,9 +47,7 @@ from .cache import build_lock, cache_folder
 from .tasks import task_splits
 from .tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
 
-__all__ = ["BUILTIN_AGENTS", "PAIRS", "DemoAgent", "HalfAgent", "build_agent", "build_record", "resolve_model"]
-
-PREFIX = "builtin:"
+__all__ = ["BUILTIN_AGENTS", "PAIRS", "DemoAgent", "HalfAgent", "build_agent", "build_record"]
 
 
 @dataclass(frozen=True)
@@ -393,16 +391,3 @@ def _build(name: str, spec: DemoAgent, folder: str) -> None:
     if os.path.isdir(folder):  # a folder without its config.json: not a build of ours, never complete
         shutil.rmtree(folder)
     os.replace(tmp, folder)  # atomic: an interrupted build never leaves a half-written agent
-
-
-def resolve_model(name_or_path: str) -> str:
-    """``builtin:<name>`` -> the cached folder of that agent (built on first use); anything else unchanged."""
-    if isinstance(name_or_path, str) and name_or_path.startswith(PREFIX):
-        from .pretrained import PRETRAINED, build_pretrained  # real pretrained models (builtin:smollm2-...)
-        from .shapes import SHAPES, build_shape  # systems stand-ins of the paper's sizes (builtin:qwen3-4b-shape)
-
-        name = name_or_path[len(PREFIX) :]
-        if name in SHAPES:
-            return build_shape(name)
-        return build_pretrained(name) if name in PRETRAINED else build_agent(name)
-    return name_or_path

@@ -3,7 +3,7 @@ the model (path or instance), the base model a card names, the tokenizer and the
 
 from __future__ import annotations
 
-from .demo import resolve_model
+from .builtin import resolve_model
 from .placement import launch_engine
 
 __all__ = [

@@ -218,19 +218,19 @@ def _recipe(argv: list[str]):
     """The recipe as training reads it: (script arguments, HACPOConfig, probe arguments, reward functions)."""
     from trl import TrlParser
 
+    from .bootstrap import filter_library_warnings, place  # as training sets up each process
     from .config import HACPOConfig
     from .recipe import HACPOScriptArguments, RecipeError, check_recipe, config_path, load_recipe
     from .rewards import get_reward_funcs
-    from .train import _filter_library_warnings, _place  # as training sets up each process
 
     path = config_path(argv)
     if path is None:
         raise RecipeError("hacpo-probe needs --config RECIPE")
     recipe = load_recipe(path)
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    _place(recipe, world)
+    place(recipe, world)
     check_recipe(recipe, num_processes=world if "RANK" in os.environ else None)
-    _filter_library_warnings(recipe, argv)
+    filter_library_warnings(recipe, argv)
     parser = TrlParser((HACPOScriptArguments, HACPOConfig, ProbeArguments))
     script_args, config, probe_args = parser.parse_args_and_config(argv)
     return script_args, config, probe_args, get_reward_funcs(script_args.reward_funcs)
@@ -291,7 +291,7 @@ def build_trainer(argv: list[str]):
     """This process's agent as training builds it, from the recipe in ``argv``: ``(trainer, probe arguments)``.
     Nothing is written where the recipe saves its agents (a scratch ``output_dir``), nothing is reported to
     trackers, and rollouts are shared whatever the recipe says."""
-    from .demo import resolve_model
+    from .builtin import resolve_model
     from .progress import quiet_replica
     from .topology import current_topology
     from .trainer import HACPOTrainer
@@ -309,9 +309,9 @@ def build_trainer(argv: list[str]):
             resolve_model(config.agent_spec.model_name_or_path)  # one process per agent builds it
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # this agent's world only
-    from .train import _dataset  # training's prompts
+    from .bootstrap import task_datasets  # training's prompts
 
-    train, _ = _dataset(script_args)
+    train, _ = task_datasets(script_args)
     model = resolve_model(config.agent_spec.model_name_or_path)
     trainer = HACPOTrainer(model=model, reward_funcs=reward_funcs, args=config, train_dataset=train)
     return trainer, probe_args
@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
             return _launch(argv)
         return _run(argv)
     except (RecipeError, ValueError) as exc:
-        from .train import refuse  # one line per launch however the ranks race, as hacpo-train
+        from .bootstrap import refuse  # one line per launch however the ranks race, as hacpo-train
 
         return refuse(exc, prog="hacpo-probe")
 

@@ -15,7 +15,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from hacpo_trl import AgentSpec, HACPOConfig, HACPOTrainer
-from hacpo_trl.demo import resolve_model
+from hacpo_trl.builtin import resolve_model
 from hacpo_trl.rewards import arithmetic_exact_match
 from hacpo_trl.tasks import arithmetic_splits
 from hacpo_trl.tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2

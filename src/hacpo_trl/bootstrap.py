@@ -1,0 +1,133 @@
+"""How every process of a launch starts, before any trainer exists: shared by `hacpo-train` and `hacpo-probe`.
+
+Torch-free at import: `place` must run before anything imports trl (and maybe CUDA). The task's datasets, the
+warnings a user of these commands cannot act on, the argument parse and the one error line per launch live here too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .recipe import HACPOScriptArguments, RecipeError
+
+__all__ = ["filter_library_warnings", "parse_args", "place", "refuse", "task_datasets"]
+
+
+def task_datasets(script_args: HACPOScriptArguments):
+    from .tasks import TASKS, load_any_dataset, math_dataset
+
+    if script_args.task in TASKS:
+        splits = TASKS[script_args.task]()
+        if script_args.eval_split not in splits:
+            raise RecipeError(f"task {script_args.task!r} has no {script_args.eval_split!r} split")
+        return splits["train"], splits[script_args.eval_split]
+    if script_args.task == "math":
+        return math_dataset(script_args.dataset_name or "DigitalLearningGmbH/MATH-lighteval"), None
+    data = load_any_dataset(script_args.dataset_name, script_args.dataset_config, script_args.dataset_train_split)
+    return data, None
+
+
+def place(recipe: dict, world: int) -> str | None:
+    """Give this process its agent's GPUs and the CUDA allocator's settings while CUDA cannot have been initialised
+    yet (see `hacpo_trl.placement`); returns the line that says the allocator was set, for the caller to print once
+    the recipe has passed its checks (a refused recipe gets its one error line only). A recipe whose process counts
+    do not fit the launch is left to `check_recipe`."""
+    from .placement import place_process, process_counts, set_cuda_allocator, share_gpus
+
+    counts = process_counts(recipe)
+    if world > 1 and counts is not None and sum(counts) == world:
+        place_process(counts, share_gpus(recipe))
+    return set_cuda_allocator(recipe)
+
+
+def filter_library_warnings(recipe: dict, argv: list[str]) -> None:
+    """Hide library warnings a user of this script cannot act on (each one says why)."""
+    import warnings
+
+    # TRL 1.16 reads `model.is_gradient_checkpointing` and calls `gradient_checkpointing_enable/disable` around every
+    # generation, which transformers 5 deprecates (activation_checkpointing_*); only a TRL release fixes it.
+    for name in ("is_gradient_checkpointing", "gradient_checkpointing_enable", "gradient_checkpointing_disable"):
+        warnings.filterwarnings("ignore", message=rf"`{name}` is deprecated", category=FutureWarning)
+    if "gradient_checkpointing" not in recipe and not any(a.startswith("--gradient_checkpointing") for a in argv):
+        # GRPOConfig's own default sets the deprecated `gradient_checkpointing` field (to True) when the user set
+        # neither name; a user who wrote `gradient_checkpointing` still sees the warning telling them the new name.
+        warnings.filterwarnings("ignore", message=r"`gradient_checkpointing` is deprecated", category=FutureWarning)
+
+
+def refuse(exc: Exception, prog: str = "hacpo-train", environ=os.environ) -> int:
+    """Print ``prog: error: <exc>`` exactly once per launch, however the ranks race; return exit status 2.
+
+    The checks before this are a deterministic function of the recipe and the launch, so every rank fails the
+    same way. Global rank 0 prints and exits; the launcher then stops every other rank. Any other rank first waits
+    (at most ``HACPO_ERROR_WAIT`` seconds, 60 by default) for that stop, so it can never exit first and have the
+    launcher kill rank 0 before it printed; if it is still alive after the wait, rank 0 did not fail this way,
+    and it prints the line itself. Once the agent worlds are split, ``RANK`` is agent-local (every agent has a
+    rank 0), so the global rank decides. Under a launcher the line is also repeated after the launcher's own
+    traceback (`repeat_after_launcher`), so that it is the last line on the console as well as the first.
+    """
+    if environ.get("HACPO_GLOBAL_RANK", environ.get("RANK", "0")) != "0":
+        import signal
+        import time
+
+        # the launcher's stop is expected (rank 0 says why): no "stopped by the launcher" line of our own
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        time.sleep(float(environ.get("HACPO_ERROR_WAIT", "60")))
+    line = f"{prog}: error: {exc}"
+    print(line, file=sys.stderr, flush=True)
+    repeat_after_launcher(line, environ)
+    return 2
+
+
+# Run by `repeat_after_launcher` in a process of its own: wait until the launcher has exited (its pidfd becomes
+# readable), at most argv[2] seconds, then print argv[3]. No imports beyond the standard library's `select`.
+_REPEAT = """import select, sys
+if select.select([int(sys.argv[1])], [], [], float(sys.argv[2]))[0]:
+    sys.stderr.write(sys.argv[3] + "\\n")
+"""
+
+
+def repeat_after_launcher(line: str, environ=os.environ, wait_seconds: float = 300.0) -> None:
+    """Under a torch elastic launcher (``accelerate launch``, ``torchrun``), print ``line`` once more after the
+    launcher has exited: it follows a failed process with a ~40-line traceback that would otherwise bury the one
+    useful line. A detached process (its own session, so the launcher's stop of this process's group spares it)
+    waits on the launcher, this process's parent, and writes to the same stderr. Linux only (pidfd); elsewhere,
+    and outside a launcher, the line is printed once, before the traceback."""
+    if "TORCHELASTIC_RUN_ID" not in environ:
+        return
+    import subprocess
+
+    try:
+        launcher = os.pidfd_open(os.getppid())
+    except (AttributeError, OSError):
+        return
+    try:
+        subprocess.Popen(
+            [sys.executable, "-S", "-c", _REPEAT, str(launcher), str(wait_seconds), line],
+            pass_fds=(launcher,),
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+    except OSError:
+        pass  # the line was printed once already
+    finally:
+        os.close(launcher)
+
+
+def parse_args(parser, argv: list[str]):
+    """TrlParser's parse, with argparse's usage page (1,300 lines of fields) folded into one `RecipeError` line."""
+    import contextlib
+    import io
+
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            parsed = parser.parse_args_and_config(argv)
+    except SystemExit as exc:
+        if not exc.code:
+            raise
+        lines = [line for line in captured.getvalue().splitlines() if ": error: " in line]
+        raise RecipeError(lines[-1].split(": error: ", 1)[1] if lines else captured.getvalue().strip()) from None
+    sys.stderr.write(captured.getvalue())  # warnings of a good parse are the user's to see
+    return parsed
