@@ -1,4 +1,4 @@
-"""Bad inputs of a first launch (docs/reviews/newcomer-t3.md): each is refused before any ML library is imported,
+"""Bad inputs of a first launch: each is refused before any ML library is imported,
 with exactly one `hacpo-train: error:` line naming the problem, however the two ranks of a launch race."""
 
 import os

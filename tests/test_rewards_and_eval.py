@@ -57,7 +57,7 @@ def test_registry_by_name_and_import_path():
         get_reward_funcs([])
 
 
-# An import path that does not load: four causes, four fixes, four messages (docs/reviews/newcomer-t4.md). Each test
+# An import path that does not load: four causes, four fixes, four messages. Each test
 # uses its own module name, as a module once imported stays in `sys.modules`.
 
 

@@ -691,8 +691,7 @@ def peer_row_order(
     * ``"interleaved"``: the same self-first sequence dealt round-robin into the chunks (chunk m takes positions
       m, m + num_chunks, ...), so every update holds an equal share of self and of peer rows and peer rows see all
       bounds. This is what v1 does as launched on 8 GPUs: it cuts the self-first batch into contiguous per-GPU
-      chunks, so every optimizer step takes half its rows from self-only ranks and half from peer-only ranks
-      (``docs/reviews/peer-loss-verified.md`` Q3).
+      chunks, so every optimizer step takes half its rows from self-only ranks and half from peer-only ranks.
     """
     if layout not in PEER_LAYOUTS:
         raise ValueError(f"`peer_layout` must be one of {PEER_LAYOUTS}, got {layout!r}")

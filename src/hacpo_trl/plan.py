@@ -4,8 +4,8 @@ Pure Python (no torch, no trl): every figure comes from the recipe, the launch (
 each model's ``config.json``, so a user can check a GPU recipe on a laptop. `hacpo_trl.plan_cli` reads the files
 and prints the plan; ``hacpo-train --config R --plan`` calls it.
 
-The memory model is an estimate, written out term by term so that each line can be checked by hand (the audit behind
-it, term by term against DeepSpeed, TRL 1.16 and the ZeRO paper: docs/reviews/plan-audit.md in the shared docs):
+The memory model is an estimate, written out term by term so that each line can be checked by hand against
+DeepSpeed, TRL 1.16 and the ZeRO paper, and measured on one GPU (``tests/test_one_gpu.py``):
 
 * bytes per parameter follow the parallelism: plain DDP keeps the weights in their load dtype (TRL loads float32
   unless ``model_init_kwargs.dtype`` says otherwise) plus gradients, DDP's gradient buckets (``gradient_as_bucket_view``
