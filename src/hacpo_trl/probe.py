@@ -269,10 +269,10 @@ def probe_batch(trainer, prompts: list[dict]) -> tuple[dict, list, object, torch
 
     inputs = [row for row in prompts for _ in range(trainer.num_generations)]
     trainer.model.train()  # as in training: the generation batch is built in train mode
-    trainer._last_peer_rows = None
+    trainer.last_peer_rows = None
     batch = trainer._generate_and_score_completions(inputs)
-    rows = trainer._last_peer_rows or PeerRows()  # None: the learner learns from no peer (learn_from, gate)
-    return batch, trainer._last_records, rows, score_peer_rows_of_batch(trainer, batch, len(inputs), len(rows))
+    rows = trainer.last_peer_rows or PeerRows()  # None: the learner learns from no peer (learn_from, gate)
+    return batch, trainer.last_records, rows, score_peer_rows_of_batch(trainer, batch, len(inputs), len(rows))
 
 
 def _my_rows(trainer, batch, rows, ratios) -> dict:

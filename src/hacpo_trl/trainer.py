@@ -168,6 +168,10 @@ class HACPOTrainer(GRPOTrainer):
         self._padding_sums: dict[str, dict[str, list[float]]] = {"train": {}, "eval": {}}
         self._trim_sides = padding.trim_sides(self.model.config)  # before any wrapping: which padding may go
         self._updates = UpdateState()  # what the update under way gathers
+        # public, for callbacks and `hacpo-probe`: every agent's rollouts of the last generation batch, and the peer
+        # rows this learner took from them (None: it learned from no one at that batch)
+        self.last_records: list[RolloutBatch] = []
+        self.last_peer_rows: PeerRows | None = None
         self.add_callback(metrics.OptimizerTimer(self))
         self.add_callback(_ResumeGradScaler(self))
         self._self_on_policy = self._one_update(args.steps_per_generation)
@@ -414,7 +418,7 @@ class HACPOTrainer(GRPOTrainer):
         records = self.exchange.all_gather(record, what=f"rollouts of step {self.state.global_step}")
         exchange_time = time.perf_counter() - start
         check_same_prompts(records, self.agent, self.state.global_step)
-        self._last_records = records  # every agent's rollouts of this batch: what `hacpo-probe` reports on
+        self.last_records, self.last_peer_rows = records, None
         by_agent = self._update_capability(records, mode)
         decision = self._sharing_decision(records)
         rows = None if decision.solo else self._peer_rows(prompt_ids, rewards, by_agent, *decision.rows_args())
@@ -546,7 +550,7 @@ class HACPOTrainer(GRPOTrainer):
     def _add_peer_rows(self, batch, rows: PeerRows, prompt_ids, exchange_time, mode, steps: int | None = None):
         """Append the peer rows to TRL's batch (for ``steps`` micro-batches); log their counts."""
         batch.pop("old_per_token_logps", None)  # HACPO's loss uses per-sequence old log-probs (hacpo_old_mean_logp)
-        self._last_peer_rows = rows  # what `hacpo-probe` reports on
+        self.last_peer_rows = rows
         batch = self._with_peer_rows(batch, rows, prompt_ids, steps)
         counts = [len(rows), rows.rejected, rows.truncated, rows.filtered]
         stats = torch.tensor(counts, dtype=torch.float32, device=batch["completion_ids"].device)

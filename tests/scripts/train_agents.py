@@ -275,7 +275,7 @@ if opts.record_peers:  # what the learner built from its peers' records at the f
 
     def recording_add_peer_rows(batch, rows, prompt_ids, *rest):
         batch = unrecorded_add_peer_rows(batch, rows, prompt_ids, *rest)
-        records = trainer._last_records  # every agent's rollouts of this batch
+        records = trainer.last_records  # every agent's rollouts of this batch
         if not peer_log:
             peer = batch["hacpo_is_peer"] & batch["hacpo_valid"]
             mine = set(prompt_ids)
@@ -313,7 +313,7 @@ add_peer_rows = trainer._add_peer_rows
 def counting_add_peer_rows(batch, rows, prompt_ids, *rest):
     finished = sum(
         done
-        for r in trainer._last_records
+        for r in trainer.last_records
         if r.agent != args.agent_name
         for pid, done in zip(r.prompt_ids, r.terminated, strict=True)
         if pid in prompt_ids
