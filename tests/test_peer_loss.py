@@ -171,3 +171,39 @@ def test_a_taught_row_at_ratio_half_carries_gradient_where_the_same_row_elsewher
     # without the flag both rows are dropped and nothing has a gradient
     inputs["hacpo_taught"] = torch.zeros(3, dtype=torch.bool)
     assert score_peer_rows(torch.full((2, 2), -1.0), inputs, candidates, 0, config)[0].tolist() == [False, True, True]
+
+
+def test_a_taught_row_below_the_floor_gets_no_gradient_one_above_keeps_its_weight():
+    """Taught rows with s = 0.5 and s = 0.1 (advantage 1, ω 1) and `taught_ratio_floor` 0.2: the row at 0.1 (a trace
+    the learner finds as unlikely as the benchmark's off-format peers') skips the backward pass with objective 0;
+    the row at 0.5 keeps w(0.5). The same with no scoring pass: the floor zeroes the row's weight in the loss."""
+    inputs = _inputs([0.5, 0.1])
+    inputs["hacpo_omega"] = torch.ones(3)
+    inputs["advantages"] = torch.tensor([0.0, 1.0, 1.0])
+    inputs["hacpo_taught"] = torch.tensor([False, True, True])
+    config = HACPOLossConfig()
+    candidates = inputs["hacpo_is_peer"] & inputs["hacpo_valid"]
+    w = 0.55 / 0.6
+    clipped = score_peer_rows(torch.full((2, 2), -1.0), inputs, candidates, 0, config, taught_floor=0.2)
+    assert clipped[0].tolist() == [False, False, True] and clipped[1] == 0.0
+    assert clipped[2][2].item() == pytest.approx(0.1)
+    rows = gradient_rows(inputs["hacpo_is_peer"], clipped)
+    logps = torch.full((3, 2), -1.0, requires_grad=True)
+    out = rows_loss(logps[rows], inputs, rows, 0, clipped, config, taught_floor=0.2)
+    out.loss.backward()
+    torch.testing.assert_close(logps.grad[1], torch.full((2,), -w / 2 / 3))
+    torch.testing.assert_close(logps.grad[2], torch.zeros(2))
+    assert out.loss.item() == pytest.approx(-w / 3, rel=1e-5)
+    # no scoring pass (clipped None): both rows in the gradient pass, the floored one with weight 0
+    logps = torch.full((3, 2), -1.0, requires_grad=True)
+    every = torch.arange(3)
+    out = rows_loss(logps, inputs, every, 0, None, config, taught_floor=0.2)
+    out.loss.backward()
+    torch.testing.assert_close(logps.grad[2], torch.zeros(2))
+    assert out.objective[2].item() == 0.0 and out.loss.item() == pytest.approx(-w / 3, rel=1e-5)
+    # floor 0: the row at 0.1 teaches with w(0.1) = 0.55
+    assert score_peer_rows(torch.full((2, 2), -1.0), inputs, candidates, 0, config) is None
+    logps = torch.full((3, 2), -1.0, requires_grad=True)
+    out = rows_loss(logps, inputs, every, 0, None, config)
+    out.loss.backward()
+    torch.testing.assert_close(logps.grad[2], torch.full((2,), -0.55 / 2 / 3))

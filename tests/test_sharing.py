@@ -53,7 +53,7 @@ def test_the_settings_are_the_lists_other_modules_read():
     assert LEARNER_SETTINGS == (
         "peer_filter", "learn_from", "capability_gate", "capability_gate_warmup", "capability_gate_confidence",
         "capability_gate_rescue", "peer_fade_steps", "solo_steps_per_generation", "skip_empty_updates", "band_gate",
-        "peer_prompts",
+        "peer_prompts", "taught_ratio_floor",
     )  # fmt: skip
     start = CARD_SETTINGS.index("peer_filter")
     assert CARD_SETTINGS[start : start + len(LEARNER_SETTINGS)] == LEARNER_SETTINGS
@@ -66,7 +66,7 @@ def test_settings_from_a_configs_values_take_the_learner_fields_and_check_them_i
     values = {**dict.fromkeys(LEARNER_SETTINGS), "peer_filter": "correct", "learn_from": "B", "capability_gate": 1.0}
     values.update(capability_gate_warmup=2, capability_gate_confidence=0.0, capability_gate_rescue=True)
     values.update(peer_fade_steps=0, band_gate=False, naive=False, peer_clipping=True, capability_metric="accuracy")
-    values.update(peer_prompts="all")
+    values.update(peer_prompts="all", taught_ratio_floor=0.2)
     settings = SharingSettings.from_values(values)
     assert (settings.peer_filter, settings.learn_from, settings.capability_gate_warmup) == ("correct", "B", 2)
     with pytest.raises(ValueError, match=r"^agent 'a': `band_gate` closes a peer .* no band"):
@@ -230,3 +230,7 @@ def test_decide_with_peer_prompts_keeps_each_peer_only_where_it_did_better():
     assert decision.close_outside_band({"B": 0}) == decision
     with pytest.raises(ValueError, match="`peer_prompts` must be one of \\('all', 'better'\\), got 'some'"):
         _settings(peer_prompts="some")
+    for floor in (-0.1, 1.0, True, "0.2"):
+        with pytest.raises(ValueError, match=r"`taught_ratio_floor` must be a number in \[0, 1\), got "):
+            _settings(peer_prompts="better", taught_ratio_floor=floor)
+    assert _settings(taught_ratio_floor=0).taught_ratio_floor == 0

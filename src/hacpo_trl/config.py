@@ -273,6 +273,14 @@ class HACPOConfig(GRPOConfig):
             taught peer alone. A batch where no peer does better on any prompt is learned from no one
             (`solo_steps_per_generation`). Logged as `hacpo/taught_prompts/<peer>` (share of the batch's prompts).
             Not in the paper. May differ per agent (`overrides`).
+        taught_ratio_floor (`float`, *optional*, defaults to `0.2`):
+            With `peer_prompts: better`, a taught row whose ratio s is below this floor gets no gradient (it skips
+            the backward pass like a row outside the band): the guard against a peer that writes in a format the
+            learner cannot produce, whose correct traces would otherwise teach that format. On the benchmark's
+            validation runs without a floor, the taught rows' geometric-mean s per batch was 0.006–0.09 where the
+            peer writes another format (`style`, until the learner began to write it), 0.48–0.91 where the peer
+            knows the half of the task the learner does not (`complement`), 0.6–1.1 in `state` and `model`. `0`
+            keeps every taught row. In [0, 1). Not in the paper. May differ per agent (`overrides`).
         capability_gate_rescue (`bool`, *optional*, defaults to `False`):
             With `capability_gate` > 0, a peer the gate keeps closed still lends its rows on the prompts this learner
             failed at every completion (none with a positive reward, over all its ranks) and the peer solved at least
@@ -437,6 +445,9 @@ class HACPOConfig(GRPOConfig):
     )
     peer_prompts: str = field(
         default="all", metadata={"help": "'all', or 'better': a peer's rows only on prompts it did better on."}
+    )
+    taught_ratio_floor: float = field(
+        default=0.2, metadata={"help": "With peer_prompts 'better': taught rows with ratio below this get no gradient."}
     )
     peer_fade_steps: int = field(
         default=0, metadata={"help": "Fade the peer rows' weight linearly to 0 over this many steps; 0 = no fade."}

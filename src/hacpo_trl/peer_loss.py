@@ -5,7 +5,8 @@ and per-row ratios and clip flags for the whole mini-batch. Pure torch over TRL'
 
 Taught rows (not in the paper): the rows of a peer on the prompts where it did better than the learner
 (`peer_prompts: better`) are what the learner cannot produce itself, so their ratio is often far below the band, which
-would drop them. They get :func:`taught_weight` instead: a bounded weight that does not vanish at low ratios.
+would drop them. They get :func:`taught_weight` instead: a bounded weight that does not vanish at low ratios, down
+to a floor (`taught_ratio_floor`) below which a trace is taken to be in a format the learner cannot write, and dropped.
 
 ``clipped`` below is what :func:`score_peer_rows` returns: ``(dropped, objective, ratio, bound)`` for the peer rows
 left out of the gradient pass (their mask, their summed constant objective, their ratio on the whole mini-batch,
@@ -52,12 +53,17 @@ def taught_weight(ratio: torch.Tensor, gamma: float = TAUGHT_GAMMA) -> torch.Ten
 
 
 def taught_objective(
-    log_ratio: torch.Tensor, advantages: torch.Tensor, coefficient: torch.Tensor, gamma: float = TAUGHT_GAMMA
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    coefficient: torch.Tensor,
+    gamma: float = TAUGHT_GAMMA,
+    floor: float = 0.0,
 ) -> torch.Tensor:
     """Per taught row: A · ω · w(s), w = :func:`taught_weight` held constant, whose gradient is A · ω · w(s) · ∇ log s
     (the peer trace's mean log-prob under the learner, weighted, as CISPO keeps every row's gradient with a clipped
-    weight). No band and no stepwise bound: the row is never dropped."""
-    weight = taught_weight(log_ratio.detach().exp(), gamma)
+    weight). No band and no stepwise bound; a row with s below ``floor`` gets weight 0."""
+    ratio = log_ratio.detach().exp()
+    weight = taught_weight(ratio, gamma) * (ratio >= floor)
     return advantages * coefficient * weight * (1 + log_ratio - log_ratio.detach())
 
 
@@ -77,15 +83,21 @@ def peer_log_ratios(logps: torch.Tensor, inputs: dict, rows: torch.Tensor, confi
 
 @torch.no_grad()
 def score_peer_rows(
-    logps: torch.Tensor, inputs: dict, candidates: torch.Tensor, update_index: int, config: HACPOLossConfig
+    logps: torch.Tensor,
+    inputs: dict,
+    candidates: torch.Tensor,
+    update_index: int,
+    config: HACPOLossConfig,
+    taught_floor: float = 0.0,
 ) -> Clipped | None:
     """The peer rows (of ``candidates``, whose per-token log-probs are ``logps``) whose ratio is outside the band
-    ``[lb_m, 1]`` now: they get no gradient, so they need no backward pass. None when every candidate is inside."""
+    ``[lb_m, 1]`` now, or for a taught row below ``taught_floor``: they get no gradient, so they need no backward
+    pass. None when every candidate is inside."""
     ratio = peer_log_ratios(logps, inputs, candidates, config).exp()
     bound = stepwise_lower_bound(update_index, config.delta, config.delta_step)
     outside = ~in_band(ratio, bound)
-    if "hacpo_taught" in inputs:  # a taught row is never dropped: its weight does not vanish outside the band
-        outside = outside & ~inputs["hacpo_taught"][candidates]
+    taught = inputs["hacpo_taught"][candidates] if "hacpo_taught" in inputs else torch.zeros_like(outside)
+    outside = torch.where(taught, ratio < taught_floor, outside)
     if not outside.any():
         return None
     omega = inputs["hacpo_omega"][candidates].to(ratio.dtype)
@@ -93,6 +105,7 @@ def score_peer_rows(
     objective = peer_objective(
         ratio, inputs["advantages"][candidates].to(ratio.dtype), coefficient, bound, config.alpha
     )
+    objective = torch.where(taught, torch.zeros_like(objective), objective)  # a floored taught row's weight is 0
     rows = torch.nonzero(candidates).flatten()[outside]
     dropped = torch.zeros_like(candidates)
     dropped[rows] = True
@@ -125,12 +138,13 @@ def rows_loss(
     clipped: Clipped | None,
     config: HACPOLossConfig,
     self_on_policy: bool = False,
+    taught_floor: float = 0.0,
 ) -> LossOutput:
     """:func:`~hacpo_trl.algorithm.hacpo_loss` over the mini-batch rows ``rows`` (indices), whose per-token
     log-probs are ``logps``; the dropped rows of ``clipped`` enter as their constant objective. With
     ``self_on_policy`` the self rows' old log-prob is the current one (TRL skips old log-probs when a generation
     batch is used for exactly one update: the self ratio is 1 in value). TRL's importance-sampling weights apply to
-    self rows only."""
+    self rows only. A taught row below ``taught_floor`` gets weight 0 (:func:`taught_objective`)."""
     is_peer, valid = inputs["hacpo_is_peer"], inputs["hacpo_valid"]
     mask = inputs["completion_mask"][rows]
     sub_peer = is_peer[rows]
@@ -157,7 +171,8 @@ def rows_loss(
         )  # fmt: skip
         omega = inputs["hacpo_omega"][rows][taught].to(logps.dtype)
         coefficient = omega if config.capability_coefficient else torch.ones_like(omega)
-        taught_obj = taught_objective(log_ratio, inputs["advantages"][rows][taught].to(logps.dtype), coefficient)
+        advantages = inputs["advantages"][rows][taught].to(logps.dtype)
+        taught_obj = taught_objective(log_ratio, advantages, coefficient, floor=taught_floor)
         sub_valid = sub_valid & ~taught
         outside_rows += int(taught.sum())
         outside_objective = outside_objective + taught_obj.sum()

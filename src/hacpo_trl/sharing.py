@@ -101,6 +101,7 @@ class SharingSettings:
     skip_empty_updates: bool = False
     band_gate: bool = False
     peer_prompts: str = field(default="all", metadata={"limits_peers": True})
+    taught_ratio_floor: float = 0.2
     capability_metric: InitVar[str] = "accuracy"
     band: InitVar[bool] = True
     who: InitVar[str] = ""
@@ -149,6 +150,9 @@ class SharingSettings:
             raise ValueError(f"{who}`peer_fade_steps` must be an integer >= 0, got {fade!r}")
         if self.peer_prompts not in PEER_PROMPTS:
             raise ValueError(f"{who}`peer_prompts` must be one of {PEER_PROMPTS}, got {self.peer_prompts!r}")
+        floor = self.taught_ratio_floor
+        if isinstance(floor, bool) or not (isinstance(floor, int | float) and 0 <= floor < 1):
+            raise ValueError(f"{who}`taught_ratio_floor` must be a number in [0, 1), got {floor!r}")
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any], who: str = "") -> SharingSettings:

@@ -639,7 +639,7 @@ class HACPOTrainer(GRPOTrainer):
                 self._row_logps(model, inputs, torch.arange(candidates.shape[0], device=candidates.device) == 0)
                 return None
             logps = self._row_logps(model, inputs, candidates)
-        return score_peer_rows(logps, inputs, candidates, update_index, cfg)
+        return score_peer_rows(logps, inputs, candidates, update_index, cfg, self.sharing.taught_ratio_floor)
 
     def _compute_loss(self, model, inputs):
         with self._pass("train"):
@@ -662,7 +662,8 @@ class HACPOTrainer(GRPOTrainer):
         rows = keep.nonzero().flatten()
         logps = self._row_logps(model, inputs, keep)
         on_policy = self._self_on_policy or mode == "eval"
-        out = rows_loss(logps, inputs, rows, update_index, clipped, self.hacpo_loss_config, self_on_policy=on_policy)
+        floor = self.sharing.taught_ratio_floor
+        out = rows_loss(logps, inputs, rows, update_index, clipped, self.hacpo_loss_config, on_policy, floor)
         # metrics over the whole mini-batch, the rows left out of the gradient pass included
         ratio, low, high, self_clipped = batch_row_flags(out, rows, is_peer, clipped)
         peer, own = is_peer & valid, ~is_peer & valid
