@@ -138,9 +138,18 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
         8, 4,
     ),
     # sharing decided per prompt (rule 9): a peer's rows only where it did better than the learner, as taught rows
-    "HACPO per-prompt + GSPO solo updates": ({"peer_prompts": "better", **SOLO, **HACPO_SCHEDULE}, 8, 4),
+    # (every taught row kept: these ran before the floor existed)
+    "HACPO per-prompt + GSPO solo updates": (
+        {"peer_prompts": "better", "taught_ratio_floor": 0.0, **SOLO, **HACPO_SCHEDULE}, 8, 4,
+    ),
     "HACPO correct + per-prompt + GSPO solo updates": (
-        {"peer_filter": "correct", "peer_prompts": "better", **SOLO, **HACPO_SCHEDULE}, 8, 4,
+        {"peer_filter": "correct", "peer_prompts": "better", "taught_ratio_floor": 0.0, **SOLO, **HACPO_SCHEDULE},
+        8, 4,
+    ),
+    # and taught rows with s below 0.2 dropped, the guard against a peer writing another format (rule 10)
+    "HACPO correct + per-prompt floor 0.2 + GSPO solo updates": (
+        {"peer_filter": "correct", "peer_prompts": "better", "taught_ratio_floor": 0.2, **SOLO, **HACPO_SCHEDULE},
+        8, 4,
     ),
 }  # fmt: skip
 METHODS |= CANDIDATES
