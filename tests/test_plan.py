@@ -443,3 +443,38 @@ def test_plan_notes_a_max_steps_that_ends_inside_a_generation_batch(hub_cache):
         plan = make_plan({**recipe, "max_steps": steps}, dm, launch, H100, 7500)
         said = [n for n in plan.notes if n.startswith(f"max_steps {steps} ends inside a generation batch (4 updates")]
         assert len(said) == int(noted) and not any("max_steps" in p for p in plan.problems)
+
+
+def _pair(agents=None, **settings) -> dict:
+    """Two small agents on a CPU launch: only the plan's batch arithmetic and its notes are looked at."""
+    agents = agents or [{"name": n, "model_name_or_path": n} for n in ("a", "b")]
+    return {"agents": agents, "per_device_train_batch_size": 2, "num_generations": 2, "save_strategy": "no", **settings}
+
+
+def test_peer_filter_note_reads_each_agents_own_setting():
+    """`peer_filter` may differ per agent (`overrides`): the note about filtered peer rows used to read only the
+    run's value, so an agent filtering on its own got no note, and `positive` (which also drops rows) none at all."""
+    agents = [{"name": "a", "model_name_or_path": "a", "overrides": {"peer_filter": "correct"}}]
+    agents.append({"name": "b", "model_name_or_path": "b"})
+    dm = {"a": dims("Qwen/Qwen3-4B-Base"), "b": dims("Qwen/Qwen3-4B-Base")}
+    cpu = Launch("cpu", num_processes=2)
+    notes = [n for n in make_plan(_pair(agents=agents), dm, cpu, None).notes if "peer_filter" in n]
+    assert notes == ["agent 'a': peer_filter 'correct': its peer rows and rows per forward pass are upper bounds"]
+    notes = [n for n in make_plan(_pair(agents=agents, peer_filter="positive"), dm, cpu, None).notes if "peer_f" in n]
+    assert notes == [
+        "agent 'a': peer_filter 'correct': its peer rows and rows per forward pass are upper bounds",
+        "agent 'b': peer_filter 'positive': its peer rows and rows per forward pass are upper bounds",
+    ]
+
+
+def test_plan_reads_an_agents_own_vllm_setting():
+    """`use_vllm` may be set for one agent (`overrides`), as `HACPOConfig` and the vLLM-server check read it: the
+    plan used to read only the run's value, so that agent's vLLM memory was left out."""
+    agents = [{"name": "a", "model_name_or_path": "a", "overrides": {"use_vllm": True, "vllm_mode": "colocate"}}]
+    agents.append({"name": "b", "model_name_or_path": "b"})
+    dm = {"a": dims("Qwen/Qwen3-4B-Base"), "b": dims("Qwen/Qwen3-4B-Base")}
+    plan = make_plan(_pair(agents=agents, vllm_gpu_memory_utilization=0.3), dm, Launch("zero", 2, zero_stage=2), H100)
+    a, b = plan.agents
+    assert a.memory["vLLM reservation"] == pytest.approx(0.3 * H100) and a.vllm["mode"] == "colocate"
+    assert b.memory["vLLM reservation"] == 0.0 and not b.vllm
+    assert b.memory["generation KV cache"] > 0 == a.memory["generation KV cache"]  # b generates with transformers

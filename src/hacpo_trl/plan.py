@@ -523,9 +523,7 @@ def make_plan(
             )
 
     n_agents = len(resolved.agents)
-    use_vllm = bool(recipe.get("use_vllm"))
-    vllm_mode = recipe.get("vllm_mode", "colocate")
-    completion = int(recipe.get("max_completion_length", 512))
+    completion = int(recipe.get("max_completion_length", 512))  # equal for every agent (SHARED_SETTINGS)
     agents: list[AgentPlan] = []
     schedules = []
     start = 0
@@ -556,6 +554,7 @@ def make_plan(
         seq = int(max_len) if max_len else completion + prompt
         batch["prompt_tokens"] = seq - completion  # the rows' prompt allowance (balance's cost model reads it)
         util = float(get("vllm_gpu_memory_utilization", 0.3))
+        use_vllm, vllm_mode = bool(get("use_vllm")), get("vllm_mode", "colocate")
         colocate = use_vllm and vllm_mode == "colocate" and not on_cpu
         vllm_gib = util * device_gib if colocate and device_gib else 0.0
         memory = memory_per_rank(
@@ -569,7 +568,7 @@ def make_plan(
             forward_rows(batch),
             seq,
             completion,
-            bool(recipe.get("activation_checkpointing", recipe.get("gradient_checkpointing", True))),
+            bool(get("activation_checkpointing", get("gradient_checkpointing", True))),
             vllm_gib,
             on_gpu=not on_cpu,
             fused_lm_head=fused_lm_head,
@@ -708,8 +707,12 @@ def make_plan(
             f"reserved for 15.7 allocated, a 4B LoRA agent with transformers' generate), beyond the {FRAGMENTATION_GIB:g} "
             "GiB allowed here"
         )
-    if recipe.get("peer_filter") == "correct":
-        notes.append("peer_filter 'correct': peer rows and rows per forward pass are upper bounds")
+    for agent in resolved.agents:  # each learner's own filter (it may differ per agent)
+        if agent.get("peer_filter", "all") != "all":
+            notes.append(
+                f"agent {agent.name!r}: peer_filter {agent.get('peer_filter')!r}: its peer rows and rows per forward "
+                "pass are upper bounds"
+            )
     if len({s for s in schedules}) > 1:
         problems.append(f"agents differ in prompts or updates per generation batch: {schedules}")
     schedule = _schedule(recipe, agents[0].batch, dataset_rows, problems, notes)
