@@ -451,6 +451,46 @@ def _pair(agents=None, **settings) -> dict:
     return {"agents": agents, "per_device_train_batch_size": 2, "num_generations": 2, "save_strategy": "no", **settings}
 
 
+def _schedule_problems(recipe: dict) -> list[str]:
+    dm = {a["name"]: dims("Qwen/Qwen3-4B-Base") for a in recipe["agents"]}
+    problems = make_plan(recipe, dm, Launch("cpu", num_processes=len(dm)), None).problems
+    return [p for p in problems if "gradient_accumulation_steps" in p]
+
+
+@pytest.mark.parametrize(
+    "steps_per_generation, accumulation, num_iterations, ok",
+    [(4, 2, 1, True), (2, 4, 1, True), (3, 3, 1, True), (3, 2, 1, False), (3, 2, 2, True), (2, 3, 1, False)],
+)
+def test_plan_and_config_refuse_the_same_update_schedules(steps_per_generation, accumulation, num_iterations, ok):
+    """The table of `test_updates_must_not_straddle_generation_batches` (tests/test_config_and_single_agent.py): the
+    plan refused S = 2 with GA = 4 and S = 3, GA = 2 with two iterations, which the config accepts (it counts S·I,
+    the plan counted S alone), and refused S % GA for a single agent or without sharing, where no update index is
+    needed. Both now ask `schedule.update_schedule_problem`."""
+    schedule = dict(
+        steps_per_generation=steps_per_generation,
+        gradient_accumulation_steps=accumulation,
+        num_iterations=num_iterations,
+    )
+    problems = _schedule_problems(_pair(**schedule))
+    assert len(problems) == (0 if ok else 2), problems  # one per agent
+    assert ok or problems[0].startswith("agent 'a': steps_per_generation x num_iterations = ")
+    assert ok or "would straddle generation batches" in problems[0]
+    assert _schedule_problems(_pair(share_rollouts=False, **schedule)) == []  # TRL's own loss: any schedule
+    single = [{"name": "a", "model_name_or_path": "a"}]
+    assert _schedule_problems(_pair(agents=single, **schedule)) == []  # one agent: no peer rows, no bound
+
+
+def test_plan_refuses_a_solo_schedule_the_config_refuses_for_one_agent_too():
+    """`solo_steps_per_generation` that does not cut the batch into whole updates is refused by the config for any
+    agent (`_check_solo_schedule`); the plan only checked it for agents that share."""
+    single = [{"name": "a", "model_name_or_path": "a"}]
+    problems = _schedule_problems(_pair(agents=single, steps_per_generation=4, solo_steps_per_generation=3))
+    assert problems == [
+        "agent 'a': solo_steps_per_generation 3 must divide steps_per_generation 4 and be a multiple of "
+        "gradient_accumulation_steps 1 (whole optimizer updates)"
+    ]
+
+
 def test_peer_filter_note_reads_each_agents_own_setting():
     """`peer_filter` may differ per agent (`overrides`): the note about filtered peer rows used to read only the
     run's value, so an agent filtering on its own got no note, and `positive` (which also drops rows) none at all."""

@@ -12,7 +12,7 @@ from trl import GRPOConfig
 from .algorithm import PEER_LAYOUTS, CapabilityTracker, HACPOLossConfig
 from .placement import launch_engine, share_gpus
 from .resolve import AgentSpec, ResolvedAgent, ResolvedRecipe, agent_output_dir, resolve
-from .schedule import solo_fits, updates_within_batches
+from .schedule import ends_inside_batch, solo_fits, update_schedule_problem
 from .sharing import RUN_WIDE_SETTINGS, SharingSettings, parse_learn_from
 from .topology import AgentTopology, init_agent_worlds
 
@@ -497,16 +497,16 @@ class HACPOConfig(GRPOConfig):
         in `__post_init__` before the launch is checked)."""
         if self.save_strategy != "steps" or self.save_steps < 1:
             return
-        per_generation = self.steps_per_generation * self.num_iterations  # micro-batches between generations
-        updates = per_generation / self.gradient_accumulation_steps
-        if (int(self.save_steps) * self.gradient_accumulation_steps) % per_generation:
+        schedule = (self.steps_per_generation, self.num_iterations, self.gradient_accumulation_steps)
+        updates = self.steps_per_generation * self.num_iterations / self.gradient_accumulation_steps
+        if ends_inside_batch(self.save_steps, *schedule):
             raise ValueError(
                 f"`save_steps` = {self.save_steps} would checkpoint in the middle of a generation batch: a generation "
                 f"batch lasts {updates:g} optimizer updates (steps_per_generation x num_iterations / "
                 "gradient_accumulation_steps), and a run resumed from such a checkpoint trains out of phase. Use a "
                 "multiple of it"
             )
-        if self.max_steps > 0 and (int(self.max_steps) * self.gradient_accumulation_steps) % per_generation:
+        if self.max_steps > 0 and ends_inside_batch(self.max_steps, *schedule):
             # only resuming that last checkpoint to train further goes wrong, so a short trial run stays allowed
             warnings.warn(
                 f"`max_steps` = {self.max_steps} ends in the middle of a generation batch ({updates:g} optimizer "
@@ -549,15 +549,10 @@ class HACPOConfig(GRPOConfig):
         """The stepwise peer bound counts the optimizer updates made on a generation batch, m = (micro-step mod
         S·I) // GA, with S = steps_per_generation and I = num_iterations. That is exact only if every update lies
         inside one generation batch (S·I a multiple of GA) or spans whole ones (GA a multiple of S·I: m = 0)."""
-        per_generation = self.steps_per_generation * self.num_iterations
-        ga = self.gradient_accumulation_steps
-        if self.share_rollouts and not updates_within_batches(per_generation, ga):
-            raise ValueError(
-                f"steps_per_generation x num_iterations = {per_generation} and gradient_accumulation_steps = {ga}: "
-                "optimizer updates would straddle generation batches, so the stepwise peer bound would use the wrong "
-                "update index. Make steps_per_generation x num_iterations a multiple of gradient_accumulation_steps "
-                f"(e.g. steps_per_generation = {ga * max(1, round(self.steps_per_generation / ga))})."
-            )
+        steps, iterations, ga = self.steps_per_generation, self.num_iterations, self.gradient_accumulation_steps
+        problem = update_schedule_problem(steps, iterations, ga) if self.share_rollouts else None
+        if problem:
+            raise ValueError(problem)
 
     def _agree_with_other_agents(self, topology: AgentTopology) -> None:
         """Before any model loads: every agent must sample and schedule identically (peer log-probs and exchanges

@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass, field
 
 from .resolve import ResolvedAgent, resolve
-from .schedule import solo_fits
+from .schedule import ends_inside_batch, solo_fits, update_schedule_problem, updates_within_batches
 
 __all__ = [
     "GIB",
@@ -301,10 +301,11 @@ def batch_arithmetic(agent: ResolvedAgent, n_ranks: int, n_agents: int) -> dict[
     peer_per_rank = (n_agents - 1) * own_per_rank if sharing else 0
     rows_per_forward = (own_per_rank + peer_per_rank) // spg
     per_update = []
-    for u in range(spg // ga if spg % ga == 0 else 0):
-        first, last = u * ga * rows_per_forward, (u + 1) * ga * rows_per_forward
-        own = max(0, min(last, own_per_rank) - first)
-        per_update.append({"own": own * n_ranks, "peer": (last - first - own) * n_ranks})
+    if updates_within_batches(spg * iterations, ga):  # each update: GA micro-steps, micro-batch (step mod S)
+        for u in range(max(1, spg * iterations // ga)):
+            own = sum(max(0, min((m % spg + 1) * rows_per_forward, own_per_rank) - m % spg * rows_per_forward)
+                      for m in range(u * ga, (u + 1) * ga))  # fmt: skip
+            per_update.append({"own": own * n_ranks, "peer": (ga * rows_per_forward - own) * n_ranks})
     solo = get("solo_steps_per_generation")
     solo = int(solo) if sharing and solo else None  # the trainer checks that it divides into whole updates
     # a batch with rescued peer rows only (`capability_gate_rescue`) adds them to the solo micro-batches: at most all
@@ -315,13 +316,14 @@ def batch_arithmetic(agent: ResolvedAgent, n_ranks: int, n_agents: int) -> dict[
         "steps_per_generation": spg,
         "num_iterations": iterations,
         "num_generations": num_generations,
+        "sharing": sharing,
         "completions_per_generation": per_device * n_ranks * spg,
         "prompts_per_generation": per_device * n_ranks * spg / num_generations,
         "own_completions_per_rank": own_per_rank,
         "peer_rows_per_rank": peer_per_rank,
         "rows_per_forward": rows_per_forward,
         "updates_per_generation": spg * iterations / ga,
-        "rows_per_update": per_update * iterations,
+        "rows_per_update": per_update,
         # a batch at which the agent learns from no one (`solo_steps_per_generation`): its own rows only, in `solo`
         # micro-batches; the batch's other updates are skipped
         "solo_steps_per_generation": solo,
@@ -649,13 +651,12 @@ def make_plan(
                 f"agent {name!r}: full fine-tuning with bf16 weights under DDP makes AdamW update bf16 parameters, "
                 "which rounds away small updates; load float32 or use ZeRO (fp32 master weights)"
             )
-        if batch["steps_per_generation"] % batch["gradient_accumulation_steps"]:
-            problems.append(
-                f"agent {name!r}: steps_per_generation {batch['steps_per_generation']} is not a multiple of "
-                f"gradient_accumulation_steps {batch['gradient_accumulation_steps']}"
-            )
-        solo = batch["solo_steps_per_generation"]
-        if solo and not solo_fits(solo, batch["steps_per_generation"], batch["gradient_accumulation_steps"]):
+        schedule = (batch["steps_per_generation"], batch["num_iterations"], batch["gradient_accumulation_steps"])
+        straddles = update_schedule_problem(*schedule) if batch["sharing"] else None  # as `HACPOConfig` refuses it
+        if straddles:
+            problems.append(f"agent {name!r}: {straddles}")
+        solo = get("solo_steps_per_generation")  # checked for every agent, as the config does
+        if solo and not solo_fits(int(solo), batch["steps_per_generation"], batch["gradient_accumulation_steps"]):
             problems.append(
                 f"agent {name!r}: solo_steps_per_generation {solo} must divide steps_per_generation "
                 f"{batch['steps_per_generation']} and be a multiple of gradient_accumulation_steps "
@@ -785,15 +786,16 @@ def _schedule(recipe: dict, batch: dict, dataset_rows: int | None, problems: lis
         notes.append("the dataset size is unknown here, so total steps and checkpoint counts are not computed")
     strategy = recipe.get("save_strategy", "steps")
     save_steps = recipe.get("save_steps", 500)
+    cut = (batch["steps_per_generation"], batch["num_iterations"], batch["gradient_accumulation_steps"])
     if strategy == "steps" and save_steps:
         if float(save_steps) < 1:
             notes.append(f"save_steps {save_steps} is a fraction of the run; not checked against generation batches")
-        elif updates and float(save_steps) % updates:
+        elif ends_inside_batch(save_steps, *cut):  # as `HACPOConfig` refuses it
             problems.append(
                 f"save_steps {save_steps} is not a multiple of the {updates:g} optimizer updates per generation "
                 "batch, so checkpoints would land mid-generation and resume would run out of phase"
             )
-        if max_steps > 0 and updates and max_steps % updates:
+        if max_steps > 0 and ends_inside_batch(max_steps, *cut):
             notes.append(
                 f"max_steps {max_steps} ends inside a generation batch ({updates:g} updates each): the final "
                 "checkpoint is mid-batch, so continuing from it would run out of phase"
