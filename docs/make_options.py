@@ -2,8 +2,9 @@
 
     python docs/make_options.py        # or: make docs
 
-The docstrings in src/hacpo_trl/config.py are the one home of what each option means; this file only reformats
-them (read with `ast`, so nothing is imported: no torch, no trl). A field declared in `HACPOConfig` without an entry
+The docstrings of `HACPOConfig` (src/hacpo_trl/config.py) and `AgentSpec` (src/hacpo_trl/resolve.py) are the one
+home of what each option means; this file only reformats them (read with `ast`, so nothing is imported: no torch, no
+trl). A field declared in `HACPOConfig` without an entry
 in its docstring is listed at the end with its one-line `help`. `tests/test_docs.py` fails when the committed
 docs/options.md differs from what this script writes.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "src" / "hacpo_trl" / "config.py"
+AGENT = ROOT / "src" / "hacpo_trl" / "resolve.py"
 OPTIONS = ROOT / "docs" / "options.md"
 # a HACPOConfig entry: "name (`type`, *optional*, defaults to `x`):", or "a / b (...)" for two names at once
 ENTRY = re.compile(r"^(?P<names>\w+(?: / \w+)*) \((?P<kind>.+)\):$")
@@ -87,15 +89,15 @@ def _declared(cls: ast.ClassDef) -> dict[str, tuple[str, str]]:
     return fields
 
 
-def render(source: str) -> str:
-    tree = ast.parse(source)
-    config, spec = _class(tree, "HACPOConfig"), _class(tree, "AgentSpec")
+def render(config_source: str, agent_source: str) -> str:
+    """options.md from the source of config.py (`HACPOConfig`) and of resolve.py (`AgentSpec`)."""
+    config, spec = _class(ast.parse(config_source), "HACPOConfig"), _class(ast.parse(agent_source), "AgentSpec")
     groups = config_entries(ast.get_docstring(config) or "")
     out = [
         "# Options reference",
         "",
-        "<!-- Written by `python docs/make_options.py` (`make docs`) from the docstrings of `HACPOConfig` and "
-        "`AgentSpec` in src/hacpo_trl/config.py; edit those, not this file. -->",
+        "<!-- Written by `python docs/make_options.py` (`make docs`) from the docstrings of `HACPOConfig` "
+        "(src/hacpo_trl/config.py) and `AgentSpec` (src/hacpo_trl/resolve.py); edit those, not this file. -->",
         "",
         "Every field below is a key of a YAML recipe, a `--flag` of `hacpo-train` and an argument of `HACPOConfig`. "
         "Every field of TRL's `GRPOConfig` and transformers' `TrainingArguments` works as well (`hacpo-train "
@@ -134,7 +136,7 @@ def _slug(heading: str) -> str:
 
 
 def main() -> int:
-    OPTIONS.write_text(render(CONFIG.read_text()))
+    OPTIONS.write_text(render(CONFIG.read_text(), AGENT.read_text()))
     print(f"wrote {OPTIONS.relative_to(ROOT)}")
     return 0
 

@@ -38,6 +38,13 @@ def test_no_agents_is_one_implicit_agent(tmp_path):
         ([{"name": "a", "num_processes": 0}], "num_processes"),
         ([{"name": "a", "overrides": {"temprature": 0.5}}], "cannot override 'temprature'"),
         ([{"name": "a", "overrides": {"output_dir": "x"}}], "set it on the agent itself"),
+        ([{"name": "a", "overrides": {"share_gpus": True}}], "`share_gpus` is a setting of the whole launch"),
+        ([{"name": "a", "num_processes": True}], r"`num_processes` must be an integer >= 1, got True"),
+        ([{"name": "a", "overrides": ["peer_filter"]}], r"`overrides` must be a mapping of HACPOConfig fields"),
+        (  # another agent's bad override stops this process too (it used to be checked by that agent's only)
+            [{"name": "a"}, {"name": "b", "overrides": {"temprature": 0.5}}],
+            r"agent 'b': cannot override 'temprature'",
+        ),
         ([], "non-empty"),
         ([{"name": "a", "output_dir": "o"}, {"name": "b", "output_dir": "o"}], "share an `output_dir`"),
     ],

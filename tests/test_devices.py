@@ -237,13 +237,20 @@ def test_node_gpu_count_reads_the_driver_folder(tmp_path):
 
 
 def test_share_gpus_is_one_setting_of_the_launch():
+    """The value is checked by `placement.share_gpus`; an agent setting it for itself (as a field or an override)
+    where agents are read (`hacpo_trl.resolve`), so the checks before any ML library loads refuse it."""
     from hacpo_trl.placement import share_gpus
+    from hacpo_trl.recipe import RecipeError, preflight
+    from hacpo_trl.resolve import resolve
 
     assert share_gpus({}) is False and share_gpus({"share_gpus": True}) is True
     with pytest.raises(ValueError, match="recipe key 'share_gpus' must be true or false, got 'yes'"):
         share_gpus({"share_gpus": "yes"})
-    with pytest.raises(ValueError, match="`share_gpus` is a setting of the whole launch"):
-        share_gpus({"agents": [{"name": "a", "overrides": {"share_gpus": True}}]})
+    for agent in ({"name": "a", "overrides": {"share_gpus": True}}, {"name": "a", "share_gpus": True}):
+        with pytest.raises(ValueError, match=r"`share_gpus` is a setting of the whole launch .* \(agent 'a'\)"):
+            resolve({"agents": [agent]})
+        with pytest.raises(RecipeError, match=r"recipe key 'agents': `share_gpus` is a setting of the whole launch"):
+            preflight({"agents": [{**agent, "model_name_or_path": "x"}]})
 
 
 @pytest.mark.launch

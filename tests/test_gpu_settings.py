@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from hacpo_trl import HACPOConfig
-from hacpo_trl.config import SHARED_SETTINGS, _as_specs, check_vllm_servers
+from hacpo_trl.config import SHARED_SETTINGS, check_vllm_servers
+from hacpo_trl.resolve import resolve
 
 COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False)
 
@@ -100,7 +101,7 @@ SERVER = {"use_vllm": True, "vllm_mode": "server"}
 )
 def test_two_agents_on_one_server_or_port_are_refused(agents, run, match):
     with pytest.raises(ValueError, match=match):
-        check_vllm_servers(_as_specs(agents), run)
+        check_vllm_servers(resolve({**run, "agents": agents}))
 
 
 def test_separate_servers_and_ports_pass_and_colocate_is_not_checked(tmp_path):
@@ -108,8 +109,8 @@ def test_separate_servers_and_ports_pass_and_colocate_is_not_checked(tmp_path):
         {**TWO[0], "vllm_server_base_url": "http://h:8000", "vllm_group_port": 51216},
         {**TWO[1], "overrides": {"vllm_server_port": 8001, "vllm_group_port": 51217}},
     ]
-    check_vllm_servers(_as_specs(agents), {**SERVER, "vllm_server_host": "h"})
-    check_vllm_servers(_as_specs(TWO), {"use_vllm": True, "vllm_mode": "colocate"})
+    check_vllm_servers(resolve({**SERVER, "vllm_server_host": "h", "agents": agents}))
+    check_vllm_servers(resolve({"use_vllm": True, "vllm_mode": "colocate", "agents": TWO}))
     # one agent: its own fields become this process's TRL settings
     solo = {**TWO[0], "vllm_server_base_url": "http://h:8001", "vllm_group_port": 51300}
     cfg = HACPOConfig(output_dir=str(tmp_path), agents=[solo], **COMMON)

@@ -71,9 +71,9 @@ def test_what_calibrated_the_plan_by_hand():
 
 
 def _specs():
-    from hacpo_trl.config import _as_specs
+    from hacpo_trl.resolve import as_specs
 
-    return _as_specs(load_recipe(str(ROOT / "recipes" / "one_gpu_qwen3_shapes.yaml"))["agents"])
+    return as_specs(load_recipe(str(ROOT / "recipes" / "one_gpu_qwen3_shapes.yaml"))["agents"])
 
 
 def test_prompts_that_cannot_be_read_keep_the_allowance_and_say_so():

@@ -443,3 +443,78 @@ def test_plan_notes_a_max_steps_that_ends_inside_a_generation_batch(hub_cache):
         plan = make_plan({**recipe, "max_steps": steps}, dm, launch, H100, 7500)
         said = [n for n in plan.notes if n.startswith(f"max_steps {steps} ends inside a generation batch (4 updates")]
         assert len(said) == int(noted) and not any("max_steps" in p for p in plan.problems)
+
+
+def _pair(agents=None, **settings) -> dict:
+    """Two small agents on a CPU launch: only the plan's batch arithmetic and its notes are looked at."""
+    agents = agents or [{"name": n, "model_name_or_path": n} for n in ("a", "b")]
+    return {"agents": agents, "per_device_train_batch_size": 2, "num_generations": 2, "save_strategy": "no", **settings}
+
+
+def _schedule_problems(recipe: dict) -> list[str]:
+    dm = {a["name"]: dims("Qwen/Qwen3-4B-Base") for a in recipe["agents"]}
+    problems = make_plan(recipe, dm, Launch("cpu", num_processes=len(dm)), None).problems
+    return [p for p in problems if "gradient_accumulation_steps" in p]
+
+
+@pytest.mark.parametrize(
+    "steps_per_generation, accumulation, num_iterations, ok",
+    [(4, 2, 1, True), (2, 4, 1, True), (3, 3, 1, True), (3, 2, 1, False), (3, 2, 2, True), (2, 3, 1, False)],
+)
+def test_plan_and_config_refuse_the_same_update_schedules(steps_per_generation, accumulation, num_iterations, ok):
+    """The table of `test_updates_must_not_straddle_generation_batches` (tests/test_config_and_single_agent.py): the
+    plan refused S = 2 with GA = 4 and S = 3, GA = 2 with two iterations, which the config accepts (it counts S·I,
+    the plan counted S alone), and refused S % GA for a single agent or without sharing, where no update index is
+    needed. Both now ask `schedule.update_schedule_problem`."""
+    schedule = dict(
+        steps_per_generation=steps_per_generation,
+        gradient_accumulation_steps=accumulation,
+        num_iterations=num_iterations,
+    )
+    problems = _schedule_problems(_pair(**schedule))
+    assert len(problems) == (0 if ok else 2), problems  # one per agent
+    assert ok or problems[0].startswith("agent 'a': steps_per_generation x num_iterations = ")
+    assert ok or "would straddle generation batches" in problems[0]
+    assert _schedule_problems(_pair(share_rollouts=False, **schedule)) == []  # TRL's own loss: any schedule
+    single = [{"name": "a", "model_name_or_path": "a"}]
+    assert _schedule_problems(_pair(agents=single, **schedule)) == []  # one agent: no peer rows, no bound
+
+
+def test_plan_refuses_a_solo_schedule_the_config_refuses_for_one_agent_too():
+    """`solo_steps_per_generation` that does not cut the batch into whole updates is refused by the config for any
+    agent (`_check_solo_schedule`); the plan only checked it for agents that share."""
+    single = [{"name": "a", "model_name_or_path": "a"}]
+    problems = _schedule_problems(_pair(agents=single, steps_per_generation=4, solo_steps_per_generation=3))
+    assert problems == [
+        "agent 'a': solo_steps_per_generation 3 must divide steps_per_generation 4 and be a multiple of "
+        "gradient_accumulation_steps 1 (whole optimizer updates)"
+    ]
+
+
+def test_peer_filter_note_reads_each_agents_own_setting():
+    """`peer_filter` may differ per agent (`overrides`): the note about filtered peer rows used to read only the
+    run's value, so an agent filtering on its own got no note, and `positive` (which also drops rows) none at all."""
+    agents = [{"name": "a", "model_name_or_path": "a", "overrides": {"peer_filter": "correct"}}]
+    agents.append({"name": "b", "model_name_or_path": "b"})
+    dm = {"a": dims("Qwen/Qwen3-4B-Base"), "b": dims("Qwen/Qwen3-4B-Base")}
+    cpu = Launch("cpu", num_processes=2)
+    notes = [n for n in make_plan(_pair(agents=agents), dm, cpu, None).notes if "peer_filter" in n]
+    assert notes == ["agent 'a': peer_filter 'correct': its peer rows and rows per forward pass are upper bounds"]
+    notes = [n for n in make_plan(_pair(agents=agents, peer_filter="positive"), dm, cpu, None).notes if "peer_f" in n]
+    assert notes == [
+        "agent 'a': peer_filter 'correct': its peer rows and rows per forward pass are upper bounds",
+        "agent 'b': peer_filter 'positive': its peer rows and rows per forward pass are upper bounds",
+    ]
+
+
+def test_plan_reads_an_agents_own_vllm_setting():
+    """`use_vllm` may be set for one agent (`overrides`), as `HACPOConfig` and the vLLM-server check read it: the
+    plan used to read only the run's value, so that agent's vLLM memory was left out."""
+    agents = [{"name": "a", "model_name_or_path": "a", "overrides": {"use_vllm": True, "vllm_mode": "colocate"}}]
+    agents.append({"name": "b", "model_name_or_path": "b"})
+    dm = {"a": dims("Qwen/Qwen3-4B-Base"), "b": dims("Qwen/Qwen3-4B-Base")}
+    plan = make_plan(_pair(agents=agents, vllm_gpu_memory_utilization=0.3), dm, Launch("zero", 2, zero_stage=2), H100)
+    a, b = plan.agents
+    assert a.memory["vLLM reservation"] == pytest.approx(0.3 * H100) and a.vllm["mode"] == "colocate"
+    assert b.memory["vLLM reservation"] == 0.0 and not b.vllm
+    assert b.memory["generation KV cache"] > 0 == a.memory["generation KV cache"]  # b generates with transformers

@@ -56,6 +56,18 @@ GOOD = {
             },
             r"agents 'a' and 'b' would both save to .*runs/b; give each its own `output_dir`",
         ),
+        (  # refused by the config only when that agent's processes started; now by the recipe check (and --plan)
+            {"agents": [{"name": "a", "model_name_or_path": "x", "overrides": {"temprature": 0.5}}]},
+            r"recipe key 'agents': agent 'a': cannot override 'temprature' \(not a HACPOConfig field\)",
+        ),
+        (  # the config took the override, the plan and the vLLM-server check the field: now one value or an error
+            {
+                "agents": [
+                    {"name": "a", "model_name_or_path": "x", "learn_from": "none", "overrides": {"learn_from": "all"}}
+                ]
+            },
+            r"agent 'a' sets `learn_from` both as its own field and in `overrides`; keep one",
+        ),
     ],
 )
 def test_bad_recipes_name_the_key(change, match):

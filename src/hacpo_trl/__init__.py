@@ -6,7 +6,7 @@
 __version__ = "0.1.0.dev0"
 
 _LAZY = {
-    "AgentSpec": "config",
+    "AgentSpec": "resolve",
     "HACPOConfig": "config",
     "HACPOTrainer": "trainer",
     "init_agent_worlds": "topology",

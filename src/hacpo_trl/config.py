@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
 
 from trl import GRPOConfig
 
 from .algorithm import PEER_LAYOUTS, CapabilityTracker, HACPOLossConfig
 from .placement import launch_engine, share_gpus
-from .schedule import solo_fits, updates_within_batches
+from .resolve import AgentSpec, ResolvedAgent, ResolvedRecipe, agent_output_dir, resolve
+from .schedule import ends_inside_batch, solo_fits, update_schedule_problem
 from .sharing import RUN_WIDE_SETTINGS, SharingSettings, parse_learn_from
 from .topology import AgentTopology, init_agent_worlds
 
-__all__ = ["AgentSpec", "HACPOConfig"]
+__all__ = ["AgentSpec", "HACPOConfig", "agent_output_dir"]  # AgentSpec: see `hacpo_trl.resolve`
 
 # TRL's losses whose row weights do not depend on the micro-batch's other rows (row count fixed, or a global token count)
 LENGTH_GROUPABLE_LOSSES = ("grpo", "dr_grpo", "dapo", "cispo", "sapo")
@@ -50,107 +49,29 @@ SHARED_SETTINGS = (
 )
 
 
-# Fields an agent may not override: they define the run, not the agent.
-_NOT_PER_AGENT = {"agents", "output_dir", "learning_rate", "hub_model_id", "model_init_kwargs", "chat_template_kwargs"}
-_LAUNCH_ONLY = {"share_gpus"}  # one value for the whole launch
+def vllm_servers(recipe: ResolvedRecipe) -> dict[str, tuple[str, int]]:
+    """Each server-mode agent's (server URL, weight-sync port), from its settings (`hacpo_trl.resolve`)."""
 
-
-@dataclass
-class AgentSpec:
-    """One agent of a HACPO run.
-
-    Args:
-        name: unique name; used in logs, metric names and default output folders.
-        model_name_or_path: Hub id or local path of the model (can be left out when the trainer is given a model).
-        tokenizer_name_or_path: tokenizer to use; defaults to the model's.
-        num_processes: ranks of the launch given to this agent (data-parallel inside the agent only).
-        chat_template_kwargs: extra kwargs for this agent's chat template (e.g. ``{"enable_thinking": false}``).
-        learning_rate: this agent's learning rate; defaults to the run's.
-        learn_from: whom this agent learns from: ``"all"``, ``"none"``, or a list of agent names (YAML list or
-            ``"a,b"``); defaults to the run's `learn_from`. It still shares its own rollouts with every agent.
-        lora: ``peft.LoraConfig`` keyword arguments for LoRA; ``None`` means full fine-tuning.
-        output_dir: where this agent's checkpoints and final model go; defaults to ``<run output_dir>/<name>``.
-        hub_model_id: Hub repository of this agent (with ``push_to_hub``).
-        model_init_kwargs: kwargs for ``from_pretrained`` of this agent's model (e.g. ``{"dtype": "bfloat16"}``).
-        vllm_server_base_url: with ``vllm_mode: server``, this agent's own ``trl vllm-serve`` (e.g.
-            ``"http://localhost:8001"``); defaults to the run's ``vllm_server_base_url`` / host and port.
-        vllm_group_port: with ``vllm_mode: server``, the port this agent's rank 0 opens for the weight-sync group
-            with its server; defaults to the run's ``vllm_group_port`` (51216). Two agents may share neither a
-            server nor a weight-sync port: both are refused at start-up.
-        overrides: any other ``HACPOConfig`` field for this agent only (e.g. ``weight_decay``,
-            ``per_device_train_batch_size``, ``capability_gate``, ``peer_fade_steps``, ``peer_filter``). Sampling
-            and schedule settings must stay equal across agents.
-    """
-
-    name: str
-    model_name_or_path: str | None = None
-    tokenizer_name_or_path: str | None = None
-    num_processes: int = 1
-    chat_template_kwargs: dict | None = None
-    learning_rate: float | None = None
-    learn_from: str | list[str] | None = None
-    lora: dict | None = None
-    output_dir: str | None = None
-    hub_model_id: str | None = None
-    model_init_kwargs: dict | None = None
-    vllm_server_base_url: str | None = None
-    vllm_group_port: int | None = None
-    overrides: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name or "/" in self.name:
-            raise ValueError(f"agent `name` must be a non-empty string without '/', got {self.name!r}")
-        if not isinstance(self.num_processes, int) or self.num_processes < 1:
-            raise ValueError(
-                f"agent {self.name!r}: `num_processes` must be an integer >= 1, got {self.num_processes!r}"
-            )
-        if self.lora is not None and not isinstance(self.lora, dict):
-            raise ValueError(f"agent {self.name!r}: `lora` must be a mapping of LoraConfig arguments or null")
-
-
-def agent_output_dir(spec: AgentSpec, run_output_dir: str | None, several: bool) -> str | None:
-    """Where an agent saves: its own `output_dir`, else `<run output_dir>/<name>` when the run has several agents."""
-    if spec.output_dir:
-        return spec.output_dir
-    if several:
-        return os.path.join(run_output_dir or "hacpo_output", spec.name)
-    return run_output_dir
-
-
-_SERVER_KEYS = (
-    "use_vllm",
-    "vllm_mode",
-    "vllm_server_base_url",
-    "vllm_server_host",
-    "vllm_server_port",
-    "vllm_group_port",
-)
-
-
-def vllm_servers(specs: list[AgentSpec], run: dict) -> dict[str, tuple[str, int]]:
-    """Each server-mode agent's (server URL, weight-sync port), from its own fields, its overrides, then ``run``."""
-
-    def get(spec: AgentSpec, key: str, default=None):
-        if getattr(spec, key, None) is not None:
-            return getattr(spec, key)
-        return spec.overrides.get(key, run.get(key) if run.get(key) is not None else default)
+    def get(agent: ResolvedAgent, key: str, default=None):
+        value = agent.get(key)
+        return default if value is None else value
 
     servers = {}
-    for spec in specs:
-        if not get(spec, "use_vllm", False) or get(spec, "vllm_mode", "colocate") != "server":
+    for agent in recipe.agents:
+        if not get(agent, "use_vllm", False) or get(agent, "vllm_mode", "colocate") != "server":
             continue
-        url = get(spec, "vllm_server_base_url")
+        url = get(agent, "vllm_server_base_url")
         if url is None:
-            url = f"http://{get(spec, 'vllm_server_host', '0.0.0.0')}:{get(spec, 'vllm_server_port', 8000)}"
-        servers[spec.name] = (str(url).rstrip("/").lower(), int(get(spec, "vllm_group_port", 51216)))
+            url = f"http://{get(agent, 'vllm_server_host', '0.0.0.0')}:{get(agent, 'vllm_server_port', 8000)}"
+        servers[agent.name] = (str(url).rstrip("/").lower(), int(get(agent, "vllm_group_port", 51216)))
     return servers
 
 
-def check_vllm_servers(specs: list[AgentSpec], run: dict) -> None:
+def check_vllm_servers(recipe: ResolvedRecipe) -> None:
     """Refuse two agents on one vLLM server (each would push its weights into the other's) or on one weight-sync
     port (both rank-0 processes would bind it: EADDRINUSE)."""
     seen: dict[tuple[int, object], str] = {}
-    for name, (url, port) in vllm_servers(specs, run).items():
+    for name, (url, port) in vllm_servers(recipe).items():
         for what, value in ((0, url), (1, port)):
             other = seen.setdefault((what, value), name)
             if other != name:
@@ -160,41 +81,6 @@ def check_vllm_servers(specs: list[AgentSpec], run: dict) -> None:
                     f"agents {other!r} and {name!r} would share the {label}; give each agent its own `{key}` "
                     "(an AgentSpec field) and start one `trl vllm-serve` per agent"
                 )
-
-
-def _as_specs(agents: Any) -> list[AgentSpec]:
-    if isinstance(agents, str):
-        agents = json.loads(agents)
-    if isinstance(agents, dict):
-        items = []
-        for name, spec in agents.items():
-            spec = dataclasses.asdict(spec) if isinstance(spec, AgentSpec) else dict(spec or {})
-            if spec.setdefault("name", name) != name:
-                raise ValueError(f"agent {name!r} has a different `name` inside: {spec['name']!r}")
-            items.append(spec)
-        agents = items
-    if not isinstance(agents, list | tuple) or not agents:
-        raise ValueError("`agents` must be a non-empty list (or mapping name -> settings) of agents")
-    specs = []
-    valid = {f.name for f in dataclasses.fields(AgentSpec)}
-    for item in agents:
-        if isinstance(item, AgentSpec):
-            specs.append(item)
-            continue
-        if not isinstance(item, dict):
-            raise ValueError(f"each agent must be a mapping of settings, got {item!r}")
-        unknown = sorted(set(item) - valid)
-        if unknown:
-            raise ValueError(f"agent {item.get('name')!r}: unknown key(s) {unknown}; valid keys: {sorted(valid)}")
-        specs.append(AgentSpec(**item))
-    names = [s.name for s in specs]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ValueError(f"agent name(s) used more than once: {duplicates}")
-    outputs = [os.path.abspath(s.output_dir) for s in specs if s.output_dir]
-    if len(outputs) != len(set(outputs)):
-        raise ValueError("two agents share an `output_dir`; give each agent its own (or leave it unset)")
-    return specs
 
 
 @dataclass
@@ -498,7 +384,12 @@ class HACPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
-        self._specs = _as_specs(self.agents) if self.agents is not None else None
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        implicit = AgentSpec(name="policy", num_processes=world) if self.agents is None else None
+        # every agent's settings, checked here by every process, so that all stop with the same error (not kept on
+        # the config: its read-only mappings do not pickle, and the Trainer saves the arguments with torch.save)
+        resolved = resolve(vars(self), fields={f.name for f in dataclasses.fields(self)}, default=implicit)
+        self._specs = [a.spec for a in resolved.agents] if self.agents is not None else None
         if self.push_to_hub and self._specs and len(self._specs) > 1:
             missing = [s.name for s in self._specs if not s.hub_model_id]
             if missing:
@@ -511,13 +402,14 @@ class HACPOConfig(GRPOConfig):
                 "`save_strategy: best` lets each agent decide alone when to checkpoint (on its own metric), but the "
                 "agents of a run checkpoint together, at steps every agent saved; use `save_strategy: steps`"
             )
-        names = [s.name for s in self._specs] if self._specs else ["policy"]
+        names = resolved.names
         parse_learn_from(self.learn_from, names)
-        for spec in self._specs or []:  # every agent's choice, so that every process stops with the same error
+        for agent in resolved.agents if self._specs else []:  # every agent's choice, so every process stops alike
+            spec = agent.spec
             for where in ("learn_from", "overrides.learn_from"):
                 value = spec.learn_from if where == "learn_from" else spec.overrides.get("learn_from")
                 parse_learn_from(value, names, f"agent {spec.name!r}: `{where}`")
-            SharingSettings.from_values({**vars(self), **spec.overrides}, f"agent {spec.name!r}: ")
+            SharingSettings.from_values(agent.settings, f"agent {spec.name!r}: ")
         if self.importance_sampling_level != "sequence" and self.share_rollouts:
             raise ValueError(
                 "HACPO's ratio is sequence-level: `importance_sampling_level` must be 'sequence' (other levels only "
@@ -541,10 +433,9 @@ class HACPOConfig(GRPOConfig):
         self.loss_config()  # validates alpha, peer_delta, peer_delta_step, epsilons, ratio_mode, beta
         CapabilityTracker(["x"], window=self.capability_window, metric=self.capability_metric)  # validates
 
-        if self._specs and len(self._specs) > 1:
-            check_vllm_servers(self._specs, {k: getattr(self, k) for k in _SERVER_KEYS})
-        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-        specs = self._specs or [AgentSpec(name="policy", num_processes=world)]
+        if resolved.several:
+            check_vllm_servers(resolved)
+        specs = [a.spec for a in resolved.agents]
         topology: AgentTopology = init_agent_worlds(
             [(s.name, s.num_processes) for s in specs],
             timeout_seconds=self.exchange_timeout,
@@ -554,10 +445,10 @@ class HACPOConfig(GRPOConfig):
             use_cpu=self.use_cpu,
             share_gpus=share_gpus({"share_gpus": self.share_gpus}),
         )
-        spec = next(s for s in specs if s.name == topology.agent)
-        self.agent_spec = spec
-        self.agent_name = spec.name
-        self._apply_agent(spec, several=len(specs) > 1)
+        agent = resolved.agent(topology.agent)
+        self.agent_spec = agent.spec
+        self.agent_name = agent.name
+        self._apply_agent(agent, several=resolved.several)
         self.learn_from = self._canonical_learn_from([s.name for s in specs])
         self.sharing_settings()  # this agent's, as applied
         if self.skip_empty_updates and launch_engine(self) == "DeepSpeed":  # before TRL loads DeepSpeed
@@ -577,22 +468,12 @@ class HACPOConfig(GRPOConfig):
             self.capability_baseline = False
         self.agents = {s.name: dataclasses.asdict(s) for s in specs} if self._specs else None
 
-    def _apply_agent(self, spec: AgentSpec, several: bool) -> None:
-        self.output_dir = agent_output_dir(spec, self.output_dir, several)
-        agent_fields = ("learning_rate", "learn_from", "hub_model_id", "chat_template_kwargs", "model_init_kwargs")
-        for name in agent_fields + ("vllm_server_base_url", "vllm_group_port"):
-            value = getattr(spec, name)
-            if value is not None:
-                setattr(self, name, value)
-        valid = {f.name for f in dataclasses.fields(self)}
-        for key, value in spec.overrides.items():
-            if key not in valid or key in _NOT_PER_AGENT | _LAUNCH_ONLY or key.startswith("_"):
-                hint = "set it on the agent itself" if key in _NOT_PER_AGENT else "not a HACPOConfig field"
-                hint = "a setting of the whole launch" if key in _LAUNCH_ONLY else hint
-                raise ValueError(f"agent {spec.name!r}: cannot override {key!r} ({hint})")
+    def _apply_agent(self, agent: ResolvedAgent, several: bool) -> None:
+        """This process's agent: what it sets over the run's settings (checked by `hacpo_trl.resolve`)."""
+        for key, value in agent.own_settings.items():
             setattr(self, key, value)
         if several and self.run_name in (None, self.output_dir):
-            self.run_name = spec.name
+            self.run_name = agent.name
 
     def _check_solo_schedule(self) -> None:
         """`solo_steps_per_generation` must cut the generation batch into whole optimizer updates, so that the
@@ -627,16 +508,16 @@ class HACPOConfig(GRPOConfig):
         in `__post_init__` before the launch is checked)."""
         if self.save_strategy != "steps" or self.save_steps < 1:
             return
-        per_generation = self.steps_per_generation * self.num_iterations  # micro-batches between generations
-        updates = per_generation / self.gradient_accumulation_steps
-        if (int(self.save_steps) * self.gradient_accumulation_steps) % per_generation:
+        schedule = (self.steps_per_generation, self.num_iterations, self.gradient_accumulation_steps)
+        updates = self.steps_per_generation * self.num_iterations / self.gradient_accumulation_steps
+        if ends_inside_batch(self.save_steps, *schedule):
             raise ValueError(
                 f"`save_steps` = {self.save_steps} would checkpoint in the middle of a generation batch: a generation "
                 f"batch lasts {updates:g} optimizer updates (steps_per_generation x num_iterations / "
                 "gradient_accumulation_steps), and a run resumed from such a checkpoint trains out of phase. Use a "
                 "multiple of it"
             )
-        if self.max_steps > 0 and (int(self.max_steps) * self.gradient_accumulation_steps) % per_generation:
+        if self.max_steps > 0 and ends_inside_batch(self.max_steps, *schedule):
             # only resuming that last checkpoint to train further goes wrong, so a short trial run stays allowed
             warnings.warn(
                 f"`max_steps` = {self.max_steps} ends in the middle of a generation batch ({updates:g} optimizer "
@@ -679,15 +560,10 @@ class HACPOConfig(GRPOConfig):
         """The stepwise peer bound counts the optimizer updates made on a generation batch, m = (micro-step mod
         S·I) // GA, with S = steps_per_generation and I = num_iterations. That is exact only if every update lies
         inside one generation batch (S·I a multiple of GA) or spans whole ones (GA a multiple of S·I: m = 0)."""
-        per_generation = self.steps_per_generation * self.num_iterations
-        ga = self.gradient_accumulation_steps
-        if self.share_rollouts and not updates_within_batches(per_generation, ga):
-            raise ValueError(
-                f"steps_per_generation x num_iterations = {per_generation} and gradient_accumulation_steps = {ga}: "
-                "optimizer updates would straddle generation batches, so the stepwise peer bound would use the wrong "
-                "update index. Make steps_per_generation x num_iterations a multiple of gradient_accumulation_steps "
-                f"(e.g. steps_per_generation = {ga * max(1, round(self.steps_per_generation / ga))})."
-            )
+        steps, iterations, ga = self.steps_per_generation, self.num_iterations, self.gradient_accumulation_steps
+        problem = update_schedule_problem(steps, iterations, ga) if self.share_rollouts else None
+        if problem:
+            raise ValueError(problem)
 
     def _agree_with_other_agents(self, topology: AgentTopology) -> None:
         """Before any model loads: every agent must sample and schedule identically (peer log-probs and exchanges

@@ -23,6 +23,8 @@ import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
+from .resolve import resolve  # torch-free, like this module
+
 __all__ = [
     "Placement",
     "allocator_expandable",
@@ -184,33 +186,19 @@ def cuda_initialised_before_placement() -> bool:
 def process_counts(recipe: Mapping) -> list[int] | None:
     """The agents' ``num_processes`` of a recipe mapping (default 1), or None if the recipe does not say clearly
     (the recipe check then reports what is wrong)."""
-    agents = recipe.get("agents")
-    if isinstance(agents, Mapping):
-        agents = list(agents.values())
-    if not isinstance(agents, list) or not agents:
+    try:
+        return resolve(recipe).process_counts
+    except (ValueError, TypeError):
         return None
-    counts = []
-    for agent in agents:
-        count = (agent or {}).get("num_processes", 1) if agent is None or isinstance(agent, Mapping) else None
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            return None
-        counts.append(count)
-    return counts
 
 
 def share_gpus(recipe: Mapping) -> bool:
-    """The recipe's ``share_gpus`` (default false), checked: the one place this launch setting is validated, read by
-    the placement before any ML library loads, by the config and by the plan."""
+    """The recipe's ``share_gpus`` (default false), checked: the one place this launch setting's value is validated,
+    read by the placement before any ML library loads, by the config and by the plan (an agent that sets it for
+    itself is refused where agents are read, `hacpo_trl.resolve`)."""
     value = recipe.get("share_gpus", False)
     if not isinstance(value, bool):
         raise ValueError(f"recipe key 'share_gpus' must be true or false, got {value!r}")
-    agents = recipe.get("agents") or []
-    for agent in agents.values() if isinstance(agents, Mapping) else agents:
-        if isinstance(agent, Mapping) and ("share_gpus" in agent or "share_gpus" in (agent.get("overrides") or {})):
-            raise ValueError(
-                "`share_gpus` is a setting of the whole launch (all agents share the GPUs or none do): set it at the "
-                "top of the recipe, not for one agent"
-            )
     return value
 
 

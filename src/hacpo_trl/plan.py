@@ -46,7 +46,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .schedule import solo_fits
+from .resolve import ResolvedAgent, resolve
+from .schedule import ends_inside_batch, solo_fits, update_schedule_problem, updates_within_batches
 
 __all__ = [
     "GIB",
@@ -281,55 +282,48 @@ class Plan:
         return not self.problems
 
 
-def _get(recipe: dict, spec: dict, key: str, default=None):
-    """An agent's effective setting: its own field or override, else the run's, else the default."""
-    if spec.get(key) is not None:
-        return spec[key]
-    overrides = spec.get("overrides") or {}
-    if key in overrides:
-        return overrides[key]
-    return recipe.get(key, default)
-
-
-def batch_arithmetic(recipe: dict, spec: dict, n_ranks: int, n_agents: int) -> dict[str, object]:
+def batch_arithmetic(agent: ResolvedAgent, n_ranks: int, n_agents: int) -> dict[str, object]:
     """The generation batch and how it is cut into forward passes and optimizer updates, per agent (TRL 1.16:
     ``generation_batch_size = per_device_train_batch_size x world x steps_per_generation``; HACPO appends the peers'
     rows to each rank's own and splits the whole into ``steps_per_generation`` micro-batches, own rows first)."""
-    per_device = int(_get(recipe, spec, "per_device_train_batch_size", 8))
-    ga = int(_get(recipe, spec, "gradient_accumulation_steps", 1))
-    spg = _get(recipe, spec, "steps_per_generation")
-    gen = _get(recipe, spec, "generation_batch_size")
+    get = agent.get  # the agent's settings: the run's, its own fields, its overrides
+    per_device = int(get("per_device_train_batch_size", 8))
+    ga = int(get("gradient_accumulation_steps", 1))
+    spg = get("steps_per_generation")
+    gen = get("generation_batch_size")
     if spg is None:
         spg = gen // (per_device * n_ranks) if gen else ga
     spg = int(spg)
-    iterations = int(_get(recipe, spec, "num_iterations", 1))
-    num_generations = int(_get(recipe, spec, "num_generations", 8))
-    sharing = bool(_get(recipe, spec, "share_rollouts", True)) and n_agents > 1
+    iterations = int(get("num_iterations", 1))
+    num_generations = int(get("num_generations", 8))
+    sharing = bool(get("share_rollouts", True)) and n_agents > 1
     own_per_rank = per_device * spg
     peer_per_rank = (n_agents - 1) * own_per_rank if sharing else 0
     rows_per_forward = (own_per_rank + peer_per_rank) // spg
     per_update = []
-    for u in range(spg // ga if spg % ga == 0 else 0):
-        first, last = u * ga * rows_per_forward, (u + 1) * ga * rows_per_forward
-        own = max(0, min(last, own_per_rank) - first)
-        per_update.append({"own": own * n_ranks, "peer": (last - first - own) * n_ranks})
-    solo = _get(recipe, spec, "solo_steps_per_generation")
+    if updates_within_batches(spg * iterations, ga):  # each update: GA micro-steps, micro-batch (step mod S)
+        for u in range(max(1, spg * iterations // ga)):
+            own = sum(max(0, min((m % spg + 1) * rows_per_forward, own_per_rank) - m % spg * rows_per_forward)
+                      for m in range(u * ga, (u + 1) * ga))  # fmt: skip
+            per_update.append({"own": own * n_ranks, "peer": (ga * rows_per_forward - own) * n_ranks})
+    solo = get("solo_steps_per_generation")
     solo = int(solo) if sharing and solo else None  # the trainer checks that it divides into whole updates
     # a batch with rescued peer rows only (`capability_gate_rescue`) adds them to the solo micro-batches: at most all
-    rescue = solo and bool(_get(recipe, spec, "capability_gate_rescue", False))
+    rescue = solo and bool(get("capability_gate_rescue", False))
     return {
         "per_device_train_batch_size": per_device,
         "gradient_accumulation_steps": ga,
         "steps_per_generation": spg,
         "num_iterations": iterations,
         "num_generations": num_generations,
+        "sharing": sharing,
         "completions_per_generation": per_device * n_ranks * spg,
         "prompts_per_generation": per_device * n_ranks * spg / num_generations,
         "own_completions_per_rank": own_per_rank,
         "peer_rows_per_rank": peer_per_rank,
         "rows_per_forward": rows_per_forward,
         "updates_per_generation": spg * iterations / ga,
-        "rows_per_update": per_update * iterations,
+        "rows_per_update": per_update,
         # a batch at which the agent learns from no one (`solo_steps_per_generation`): its own rows only, in `solo`
         # micro-batches; the batch's other updates are skipped
         "solo_steps_per_generation": solo,
@@ -506,12 +500,10 @@ def make_plan(
     (None: CPU); ``fused_lm_head`` is False for a TRL older than 1.16 (materialised logits); ``prompt_tokens`` maps
     agent name -> its longest prompt in tokens (missing: 1,024); ``expandable_segments``: the CUDA allocator's
     setting. ``problems`` lists what will not run; an empty list means the plan passes."""
-    specs = recipe["agents"]
-    if isinstance(specs, dict):
-        specs = [{"name": k, **(v or {})} for k, v in specs.items()]
+    resolved = resolve(recipe)
     problems: list[str] = []
     notes: list[str] = []
-    total = sum(int(s.get("num_processes", 1)) for s in specs)
+    total = sum(resolved.process_counts)
     world = launch.num_processes or total
     if world != total:
         problems.append(f"the recipe's agents add up to {total} processes but the launch starts {world}")
@@ -532,15 +524,13 @@ def make_plan(
                 "make them agree (DeepSpeed refuses a mismatch)"
             )
 
-    n_agents = len(specs)
-    use_vllm = bool(recipe.get("use_vllm"))
-    vllm_mode = recipe.get("vllm_mode", "colocate")
-    completion = int(recipe.get("max_completion_length", 512))
+    n_agents = len(resolved.agents)
+    completion = int(recipe.get("max_completion_length", 512))  # equal for every agent (SHARED_SETTINGS)
     agents: list[AgentPlan] = []
     schedules = []
     start = 0
-    for spec in specs:
-        name, n = spec["name"], int(spec.get("num_processes", 1))
+    for agent in resolved.agents:
+        name, n, get = agent.name, agent.spec.num_processes, agent.get
         ranks = list(range(start, start + n))
         start += n
         if on_cpu:
@@ -553,19 +543,20 @@ def make_plan(
                 gpu = launch.gpu_ids[local] if launch.gpu_ids and local < len(launch.gpu_ids) else local
                 devices.append(f"node {node} GPU {gpu}" if launch.num_machines > 1 else f"GPU {gpu}")
         d = dims[name]
-        lora_cfg = spec.get("lora")
+        lora_cfg = agent.spec.lora
         lora = lora_cfg is not None
         trainable = d.lora_params(int(lora_cfg.get("r", 8)), lora_cfg.get("target_modules")) if lora else d.params
-        batch = batch_arithmetic(recipe, spec, n, n_agents)
-        init = _get(recipe, spec, "model_init_kwargs") or {}
+        batch = batch_arithmetic(agent, n, n_agents)
+        init = get("model_init_kwargs") or {}
         load_bytes = _dtype_bytes(init.get("dtype"), 4)
-        beta = float(_get(recipe, spec, "beta", 0.0))
-        max_len = _get(recipe, spec, "vllm_max_model_length")
+        beta = float(get("beta", 0.0))
+        max_len = get("vllm_max_model_length")
         prompt = (prompt_tokens or {}).get(name)
         prompt = prompt if prompt is not None else DEFAULT_PROMPT_TOKENS
         seq = int(max_len) if max_len else completion + prompt
         batch["prompt_tokens"] = seq - completion  # the rows' prompt allowance (balance's cost model reads it)
-        util = float(_get(recipe, spec, "vllm_gpu_memory_utilization", 0.3))
+        util = float(get("vllm_gpu_memory_utilization", 0.3))
+        use_vllm, vllm_mode = bool(get("use_vllm")), get("vllm_mode", "colocate")
         colocate = use_vllm and vllm_mode == "colocate" and not on_cpu
         vllm_gib = util * device_gib if colocate and device_gib else 0.0
         memory = memory_per_rank(
@@ -579,14 +570,14 @@ def make_plan(
             forward_rows(batch),
             seq,
             completion,
-            bool(recipe.get("activation_checkpointing", recipe.get("gradient_checkpointing", True))),
+            bool(get("activation_checkpointing", get("gradient_checkpointing", True))),
             vllm_gib,
             on_gpu=not on_cpu,
             fused_lm_head=fused_lm_head,
             generation_rows=0 if use_vllm or on_cpu else int(batch["own_completions_per_rank"]),
             expandable_segments=expandable_segments,
         )
-        sleep = bool(_get(recipe, spec, "vllm_enable_sleep_mode", False))
+        sleep = bool(get("vllm_enable_sleep_mode", False))
         states = sum(v for k, v in memory.items() if k not in PHASES)
         if sleep and colocate:
             peak = states + max(memory["activations"], vllm_gib)
@@ -660,13 +651,12 @@ def make_plan(
                 f"agent {name!r}: full fine-tuning with bf16 weights under DDP makes AdamW update bf16 parameters, "
                 "which rounds away small updates; load float32 or use ZeRO (fp32 master weights)"
             )
-        if batch["steps_per_generation"] % batch["gradient_accumulation_steps"]:
-            problems.append(
-                f"agent {name!r}: steps_per_generation {batch['steps_per_generation']} is not a multiple of "
-                f"gradient_accumulation_steps {batch['gradient_accumulation_steps']}"
-            )
-        solo = batch["solo_steps_per_generation"]
-        if solo and not solo_fits(solo, batch["steps_per_generation"], batch["gradient_accumulation_steps"]):
+        schedule = (batch["steps_per_generation"], batch["num_iterations"], batch["gradient_accumulation_steps"])
+        straddles = update_schedule_problem(*schedule) if batch["sharing"] else None  # as `HACPOConfig` refuses it
+        if straddles:
+            problems.append(f"agent {name!r}: {straddles}")
+        solo = get("solo_steps_per_generation")  # checked for every agent, as the config does
+        if solo and not solo_fits(int(solo), batch["steps_per_generation"], batch["gradient_accumulation_steps"]):
             problems.append(
                 f"agent {name!r}: solo_steps_per_generation {solo} must divide steps_per_generation "
                 f"{batch['steps_per_generation']} and be a multiple of gradient_accumulation_steps "
@@ -692,7 +682,7 @@ def make_plan(
         agents.append(
             AgentPlan(
                 name,
-                spec.get("model_name_or_path", ""),
+                agent.spec.model_name_or_path or "",
                 ranks,
                 devices,
                 d.params,
@@ -718,8 +708,12 @@ def make_plan(
             f"reserved for 15.7 allocated, a 4B LoRA agent with transformers' generate), beyond the {FRAGMENTATION_GIB:g} "
             "GiB allowed here"
         )
-    if recipe.get("peer_filter") == "correct":
-        notes.append("peer_filter 'correct': peer rows and rows per forward pass are upper bounds")
+    for agent in resolved.agents:  # each learner's own filter (it may differ per agent)
+        if agent.get("peer_filter", "all") != "all":
+            notes.append(
+                f"agent {agent.name!r}: peer_filter {agent.get('peer_filter')!r}: its peer rows and rows per forward "
+                "pass are upper bounds"
+            )
     if len({s for s in schedules}) > 1:
         problems.append(f"agents differ in prompts or updates per generation batch: {schedules}")
     schedule = _schedule(recipe, agents[0].batch, dataset_rows, problems, notes)
@@ -792,15 +786,16 @@ def _schedule(recipe: dict, batch: dict, dataset_rows: int | None, problems: lis
         notes.append("the dataset size is unknown here, so total steps and checkpoint counts are not computed")
     strategy = recipe.get("save_strategy", "steps")
     save_steps = recipe.get("save_steps", 500)
+    cut = (batch["steps_per_generation"], batch["num_iterations"], batch["gradient_accumulation_steps"])
     if strategy == "steps" and save_steps:
         if float(save_steps) < 1:
             notes.append(f"save_steps {save_steps} is a fraction of the run; not checked against generation batches")
-        elif updates and float(save_steps) % updates:
+        elif ends_inside_batch(save_steps, *cut):  # as `HACPOConfig` refuses it
             problems.append(
                 f"save_steps {save_steps} is not a multiple of the {updates:g} optimizer updates per generation "
                 "batch, so checkpoints would land mid-generation and resume would run out of phase"
             )
-        if max_steps > 0 and updates and max_steps % updates:
+        if max_steps > 0 and ends_inside_batch(max_steps, *cut):
             notes.append(
                 f"max_steps {max_steps} ends inside a generation batch ({updates:g} updates each): the final "
                 "checkpoint is mid-batch, so continuing from it would run out of phase"

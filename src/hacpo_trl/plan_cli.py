@@ -178,7 +178,7 @@ def build_plan(
     launch environment). Raises RecipeError, ValueError or OSError when an input cannot be read."""
     import dataclasses
 
-    from .config import _as_specs, check_vllm_servers, vllm_servers
+    from .config import check_vllm_servers, vllm_servers
     from .placement import allocator_expandable, node_gpu_count, share_gpus
 
     if accelerate_config:
@@ -191,21 +191,20 @@ def build_plan(
             "cpu" if recipe.get("use_cpu") else "ddp",
             source="assumed: no --accelerate_config and no launch environment",
         )
-    check_recipe(recipe, num_processes=launch.num_processes)
+    resolved = check_recipe(recipe, num_processes=launch.num_processes)
     shared = share_gpus(recipe)
     assumed = shared and not gpus_per_node and not launch.gpu_ids and not node_gpu_count()
     if shared and not launch.gpu_ids:  # the placement's round robin needs the node's GPU count
         gpus_per_node = gpus_per_node or node_gpu_count() or 1
     if gpus_per_node:
         launch = dataclasses.replace(launch, gpus_per_node=gpus_per_node)
-    specs = _as_specs(recipe["agents"])
-    check_vllm_servers(specs, recipe)
+    check_vllm_servers(resolved)
+    specs = [a.spec for a in resolved.agents]
     dims = {s.name: ModelDims.from_config(model_config(s.model_name_or_path)) for s in specs}
     rows = dataset_rows if dataset_rows is not None else _dataset_rows(recipe)
-    agents = [{k: v for k, v in vars(s).items() if v is not None} for s in specs]
     prompts, notes = prompt_tokens(recipe, specs)
     plan = make_plan(
-        {**_defaults(), **recipe, "agents": agents},
+        {**_defaults(), **recipe},
         dims,
         launch,
         gpu_memory_gib,
@@ -217,7 +216,7 @@ def build_plan(
     plan.notes.extend(notes)
     if assumed:
         plan.notes.append("share_gpus: the plan assumes one GPU per node (no GPU here); pass --gpus_per_node N")
-    for name, (url, port) in vllm_servers(specs, recipe).items():
+    for name, (url, port) in vllm_servers(resolved).items():
         plan.notes.append(
             f"agent {name!r} generates on the vLLM server {url} (weight-sync port {port}): start it on its own "
             "GPU before the launch; its memory is not part of this plan"

@@ -6,7 +6,10 @@ Public functions (names are stable):
 - ``load_recipe(path, argv=None) -> dict``: the YAML recipe as a mapping (a key given twice is refused); with
   ``argv``, command-line ``--key value`` flags override its keys, as they do for training.
 - ``check_recipe(recipe, num_processes=None)``: everything that can be checked without loading a model (keys with
-  typo suggestions, agents, output folders, process counts against the launch, rewards, task); raises `RecipeError`.
+  typo suggestions, agents, output folders, process counts against the launch, rewards, task); raises `RecipeError`,
+  returns the agents resolved (`hacpo_trl.resolve`).
+- ``resolve_agents(recipe, fields=None)``: the recipe's agents, each with its settings and output folder; a bad
+  ``agents`` key raises `RecipeError`.
 - ``config_path(argv) -> str | None``: the ``--config`` value of a command line.
 - ``cli_overrides(argv) -> dict``: the ``--key value`` flags of a command line as recipe keys.
 - ``preflight(recipe, num_processes=None)``: the checks that import no ML library (model folders, values, output
@@ -27,6 +30,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from .resolve import ResolvedRecipe, resolve
+
 __all__ = [
     "HACPOScriptArguments",
     "RecipeError",
@@ -38,6 +43,7 @@ __all__ = [
     "looks_local",
     "numbers_as_values",
     "preflight",
+    "resolve_agents",
 ]
 
 
@@ -179,13 +185,24 @@ def _field_names() -> set[str]:
     }
 
 
-def check_recipe(recipe: dict, num_processes: int | None = None) -> None:
-    """Everything that can be checked without loading a model: keys, agents, output folders, then `preflight`
-    (process counts, model folders, values, rewards) except the dataset, which a plan on paper does not need.
+def resolve_agents(recipe: dict, fields: set[str] | None = None) -> ResolvedRecipe:
+    """The recipe's agents (`hacpo_trl.resolve`), or a `RecipeError` naming the problem with the key."""
+    if not recipe.get("agents"):
+        raise RecipeError("recipe key 'agents' is missing: name at least one agent with its model_name_or_path")
+    try:
+        return resolve(recipe, fields)
+    except (ValueError, TypeError) as exc:
+        raise RecipeError(f"recipe key 'agents': {exc}") from None
+
+
+def check_recipe(recipe: dict, num_processes: int | None = None) -> ResolvedRecipe:
+    """Everything that can be checked without loading a model: keys, agents (their overrides included), output
+    folders, then `preflight` (process counts, model folders, values, rewards) except the dataset, which a plan on
+    paper does not need. Returns the recipe's agents, resolved.
 
     Raises :class:`RecipeError` naming the first problem.
     """
-    from .config import AgentSpec, _as_specs, agent_output_dir
+    from .config import HACPOConfig
 
     valid = _field_names() | {"env"}
     for key in recipe:
@@ -193,27 +210,14 @@ def check_recipe(recipe: dict, num_processes: int | None = None) -> None:
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise RecipeError(f"unknown recipe key {key!r}{hint}")
-    if "agents" not in recipe or not recipe["agents"]:
-        raise RecipeError("recipe key 'agents' is missing: name at least one agent with its model_name_or_path")
-    try:
-        specs: list[AgentSpec] = _as_specs(recipe["agents"])
-    except (ValueError, TypeError) as exc:
-        raise RecipeError(f"recipe key 'agents': {exc}") from None
-    for spec in specs:
-        if not spec.model_name_or_path:
-            raise RecipeError(f"recipe key 'agents.{spec.name}.model_name_or_path' is missing")
-    resolved: dict[str, str] = {}
-    for spec in specs:
-        folder = os.path.abspath(agent_output_dir(spec, recipe.get("output_dir"), len(specs) > 1) or ".")
-        if folder in resolved:
-            raise RecipeError(
-                f"recipe key 'agents': agents {resolved[folder]!r} and {spec.name!r} would both save to {folder}; "
-                "give each its own `output_dir`"
-            )
-        resolved[folder] = spec.name
+    resolved = resolve_agents(recipe, {f.name for f in dataclasses.fields(HACPOConfig)})
+    for agent in resolved.agents:
+        if not agent.spec.model_name_or_path:
+            raise RecipeError(f"recipe key 'agents.{agent.name}.model_name_or_path' is missing")
     if recipe.get("eval_split", "test") not in ("test", "validation"):
         raise RecipeError(f"recipe key 'eval_split' must be 'test' or 'validation', got {recipe['eval_split']!r}")
     preflight(recipe, num_processes, data=False)
+    return resolved
 
 
 def config_path(argv: list[str]) -> str | None:
@@ -248,13 +252,6 @@ def _number(value) -> float | None:
         return None  # not a number at all: left to the argument parser, which names the type
 
 
-def _raw_agents(recipe: dict) -> list[dict]:
-    agents = recipe.get("agents")
-    if isinstance(agents, dict):
-        return [{"name": n, **(a if isinstance(a, dict) else {})} for n, a in agents.items()]
-    return [a for a in agents or [] if isinstance(a, dict)]
-
-
 def _hub_offline(environ) -> bool:
     return any(
         str(environ.get(k, "")).lower() in ("1", "true", "yes", "on") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
@@ -275,16 +272,15 @@ def preflight(recipe: dict, num_processes: int | None = None, environ=os.environ
     """The checks that read only the recipe, the launch environment and the file system, importing no ML library:
     a deterministic function of those, so every rank of a launch reaches the same verdict in a second or two.
 
-    Checks: process counts against the launch, model folders that do not exist (a local-looking path, see
-    `looks_local`), learning rates < 0 (run and per agent), ``max_completion_length <= 0``, an output folder that
-    is a file, the task name, a local dataset file that does not exist, a Hub dataset id while the Hub is offline
-    and nothing is cached (``data=False`` skips the dataset), and reward names / import paths. Raises `RecipeError` naming the first problem.
+    Checks: the agents (`resolve_agents`, without the overrides' field names, which need TRL), process counts
+    against the launch, model folders that do not exist (a local-looking path, see `looks_local`), learning rates
+    < 0 (run and per agent), ``max_completion_length <= 0``, an output folder that is a file, the task name, a local
+    dataset file that does not exist, a Hub dataset id while the Hub is offline and nothing is cached
+    (``data=False`` skips the dataset), and reward names / import paths. Raises `RecipeError` naming the first
+    problem.
     """
-    agents = _raw_agents(recipe)
-    for agent in agents:
-        name = agent.get("name")
-        if not isinstance(name, str) or not name or "/" in name:
-            raise RecipeError(f"recipe key 'agents': agent `name` must be a non-empty string without '/', got {name!r}")
+    resolved = resolve_agents(recipe)
+    agents = resolved.agents
     generations = recipe.get("num_generations")
     if _number(generations) is not None and _number(generations) < 2:
         raise RecipeError(
@@ -297,24 +293,22 @@ def preflight(recipe: dict, num_processes: int | None = None, environ=os.environ
         share_gpus(recipe)
     except ValueError as exc:
         raise RecipeError(str(exc)) from None
-    counts = [a.get("num_processes", 1) for a in agents]
-    if num_processes is not None and agents and all(isinstance(c, int) for c in counts):
-        if sum(counts) != num_processes:
-            listed = ", ".join(f"{a.get('name')}: {c}" for a, c in zip(agents, counts, strict=True))
-            raise RecipeError(
-                f"recipe key 'agents': num_processes add up to {sum(counts)} ({listed}) but the launch has "
-                f"{num_processes}"
-            )
+    counts = resolved.process_counts
+    if num_processes is not None and sum(counts) != num_processes:
+        listed = ", ".join(f"{a.name}: {c}" for a, c in zip(agents, counts, strict=True))
+        raise RecipeError(
+            f"recipe key 'agents': num_processes add up to {sum(counts)} ({listed}) but the launch has {num_processes}"
+        )
     for agent in agents:
-        path = agent.get("model_name_or_path")
+        path = agent.spec.model_name_or_path
         if isinstance(path, str) and not path.startswith("builtin:") and looks_local(path):
             if not os.path.isdir(os.path.expanduser(path)):
                 raise RecipeError(
-                    f"recipe key 'agents.{agent.get('name')}.model_name_or_path': model folder {path!r} does not "
-                    "exist (a Hub id has the form 'org/name')"
+                    f"recipe key 'agents.{agent.name}.model_name_or_path': model folder {path!r} does not exist "
+                    "(a Hub id has the form 'org/name')"
                 )
     rates = [("learning_rate", recipe.get("learning_rate"))] + [
-        (f"agents.{a.get('name')}.learning_rate", a.get("learning_rate")) for a in agents
+        (f"agents.{a.name}.learning_rate", a.spec.learning_rate) for a in agents
     ]
     for key, value in rates:
         if _number(value) is not None and _number(value) < 0:
@@ -322,13 +316,9 @@ def preflight(recipe: dict, num_processes: int | None = None, environ=os.environ
     length = recipe.get("max_completion_length")
     if _number(length) is not None and _number(length) <= 0:
         raise RecipeError(f"recipe key 'max_completion_length' must be a positive number of tokens, got {length!r}")
-    several = len(agents) > 1
     folders = [("output_dir", recipe.get("output_dir"))] + [
-        (f"agents.{a.get('name')}.output_dir", a.get("output_dir")) for a in agents
+        (f"agents.{a.name}.output_dir" if a.spec.output_dir else "output_dir", a.output_dir) for a in agents
     ]
-    for a in agents:
-        if several and not a.get("output_dir") and isinstance(a.get("name"), str):
-            folders.append(("output_dir", os.path.join(recipe.get("output_dir") or "hacpo_output", a["name"])))
     for key, folder in folders:
         if isinstance(folder, str) and os.path.isfile(folder):
             raise RecipeError(f"recipe key {key!r}: {folder!r} is a file, not a folder")
@@ -365,12 +355,8 @@ def check_output_dir(recipe: dict) -> None:
     agents and summary with the first's."""
     if recipe.get("overwrite_output_dir") or recipe.get("resume_from_checkpoint"):
         return
-    agents = _raw_agents(recipe)
-    root = recipe.get("output_dir") or ("hacpo_output" if len(agents) > 1 else None)
-    folders = [root] + [
-        a.get("output_dir") or (os.path.join(root, a["name"]) if len(agents) > 1 and root else None) for a in agents
-    ]
-    for folder in folders:
+    resolved = resolve_agents(recipe)
+    for folder in [resolved.output_dir] + [a.output_dir for a in resolved.agents]:
         if not isinstance(folder, str) or not os.path.isdir(folder):
             continue
         held = [f for f in _RUN_FILES if os.path.isfile(os.path.join(folder, f))]

@@ -18,11 +18,13 @@ __all__ = [
     "UpdateState",
     "batches_seen",
     "current_update",
+    "ends_inside_batch",
     "own_rows_chunk",
     "plan_batch",
     "self_on_policy",
     "solo_fits",
     "solo_steps",
+    "update_schedule_problem",
     "updates_within_batches",
 ]
 
@@ -90,6 +92,29 @@ def updates_within_batches(generate_every: int, gradient_accumulation_steps: int
     """Whether every optimizer update lies inside one generation batch (S·I a multiple of GA) or spans whole ones (GA
     a multiple of S·I: m = 0), the cases where m of Eq. 14 is exact."""
     return not (generate_every % gradient_accumulation_steps and gradient_accumulation_steps % generate_every)
+
+
+def update_schedule_problem(
+    steps_per_generation: int, num_iterations: int, gradient_accumulation_steps: int
+) -> str | None:
+    """Why a schedule that shares peer rows cannot run (None when it can): the stepwise peer bound needs
+    `updates_within_batches` of S·I micro-steps per generation batch. The config refuses it, the plan reports it."""
+    per_generation, ga = steps_per_generation * num_iterations, gradient_accumulation_steps
+    if updates_within_batches(per_generation, ga):
+        return None
+    return (
+        f"steps_per_generation x num_iterations = {per_generation} and gradient_accumulation_steps = {ga}: "
+        "optimizer updates would straddle generation batches, so the stepwise peer bound would use the wrong "
+        "update index. Make steps_per_generation x num_iterations a multiple of gradient_accumulation_steps "
+        f"(e.g. steps_per_generation = {ga * max(1, round(steps_per_generation / ga))})."
+    )
+
+
+def ends_inside_batch(
+    steps: int, steps_per_generation: int, num_iterations: int, gradient_accumulation_steps: int
+) -> bool:
+    """Whether ``steps`` optimizer updates end inside a generation batch (a checkpoint there resumes out of phase)."""
+    return (int(steps) * gradient_accumulation_steps) % (steps_per_generation * num_iterations) != 0
 
 
 @dataclass(frozen=True)
