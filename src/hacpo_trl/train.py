@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     elif "-h" in argv or "--help" in argv:
         print(short_help())
         return 0
-    if "--plan" in argv:  # check the launch on paper: no weights, no process group
+    # check the launch on paper: no weights, no process group
+    if "--plan" in argv:
         from .plan_cli import main as plan
 
         return plan(argv)
