@@ -465,10 +465,9 @@ def peer_objective(
 ) -> torch.Tensor:
     """A · ω(j,k) · c · sg(c)^α with c = clamp(s, lb_m, 1) for peer rows -- Eqs. (10), (12), (13).
 
-    ``omega`` is ω(j, k) = clamp(P̂_source / P̂_learner), opposite to the baseline's ω(k, j) (Eqs. 10 and 50 and
-    both codebases; Remark 3.1(ii)'s text says otherwise). The clamp is *hard*, as in the official code: a row
-    outside [lb_m, 1] gives no gradient, so one with s > 1 is dropped, not kept at weight 1. sg(c)^α (Eq. 12)
-    down-weights rows the learner finds unlikely; α = 0 turns it off.
+    ``omega`` is ω(j, k) = clamp(P̂_source / P̂_learner), opposite to the baseline's ω(k, j) (Eqs. 10, 50 and both
+    codebases, not Remark 3.1(ii)'s text). The clamp is *hard*, as in the official code: a row outside [lb_m, 1],
+    s > 1 included, gives no gradient. sg(c)^α (Eq. 12) down-weights unlikely rows; α = 0 turns it off.
     """
     _check_non_negative("alpha", alpha)
     _check_probability("lower_bound", lower_bound)
