@@ -33,7 +33,8 @@ def main() -> None:
         # `_run`, not `hacpo_trl.train.main`: no check that the output folder is empty, on purpose (reproduce.py
         # gives each run its own folder and skips runs whose summary exists; a run it starts again was unfinished)
         _run(script_args, config, get_reward_funcs(script_args.reward_funcs), shutdown=False)
-        if current_topology().global_rank == 0:  # the summary is written by global rank 0 at the end of the run
+        # the summary is written by global rank 0 at the end of the run
+        if current_topology().global_rank == 0:
             root = os.path.dirname(os.path.normpath(config.output_dir))
             path = os.path.join(root, "hacpo_summary.json")
             with open(path) as f:

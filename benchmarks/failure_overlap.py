@@ -62,7 +62,8 @@ def main() -> None:
     lines = ["## Problems the stronger agent fails at every sample, and its weaker peer solves", "",
              "| pair | stronger (sampled acc.) | weaker (sampled acc.) | stronger fails all | of which weaker solves | "
              "weaker's correct samples there |", "|---|---|---|---|---|---|"]  # fmt: skip
-    for pair, strong in STRONGER.items():  # the paper's four pairs, on arithmetic_trace
+    # the paper's four pairs, on arithmetic_trace
+    for pair, strong in STRONGER.items():
         weak = next(a for a in PAIRS[pair] if a != strong)
         s = correct_samples(strong, rows, opts.samples, opts.tokens) > 0
         w = correct_samples(weak, rows, opts.samples, opts.tokens) > 0

@@ -156,6 +156,7 @@ METHODS |= CANDIDATES
 # the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset
 GRID = ["GRPO", "GSPO", "GSPO×2", "Naive", "HACPO", REMEDY_NAME, "HACPO directed (stronger learns from none)",
         "HACPO capability gate 1.0", "HACPO peer fade"]  # fmt: skip
+# the correct-only peer filter is the remedy's row
 ABLATIONS: dict[str, dict] = {
     "w/o capability-aware baseline": {"capability_baseline": False},
     "w/o capability coefficient": {"capability_coefficient": False},
@@ -163,7 +164,7 @@ ABLATIONS: dict[str, dict] = {
     "α = 3": {"alpha": 3.0},
     "w/o stepwise (fixed bound)": {"peer_delta_step": 0.0},
     "w/o peer clipping": {"peer_clipping": False},
-}  # the correct-only peer filter is the remedy's row
+}
 NO_BAND = ("Naive", "w/o peer clipping")
 UPDATES = {name: updates for name, (_, _, updates) in METHODS.items()}
 SHARING = [m for m in METHODS if m not in ("GRPO", "GSPO", "GSPO×2")]
@@ -330,7 +331,8 @@ def run_pair(pair: str, jobs: list[tuple[str, dict, int, int]], args, started: f
             proc.wait()
         record = args.out / pair / AGENTS_RECORD
         done = [j for j in todo if (_folder(args.out, pair, j[0], j[3]) / "hacpo_summary.json").exists()]
-        if done and not record.exists():  # the launch built the agents (or found them cached): record what they were
+        # the launch built the agents (or found them cached): record what they were
+        if done and not record.exists():
             record.write_text(json.dumps(_built_agents(pair), indent=1, sort_keys=True) + "\n")
         if proc.returncode != 0:
             text = log.read_text()
@@ -488,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
         REMEDY.clear()
         REMEDY.update(args.remedy)
         METHODS[REMEDY_NAME] = ({**REMEDY, **HACPO_SCHEDULE}, 8, 4)
-    if args.methods is None and args.split == "test":  # the grid; on validation every method and candidate
+    # the grid; on validation every method and candidate
+    if args.methods is None and args.split == "test":
         args.methods = GRID + ([RECOMMENDED] if RECOMMENDED and RECOMMENDED not in GRID else []) + list(ABLATIONS)
     unknown = [m for m in args.methods or [] if m not in METHODS and m not in ABLATIONS]
     if unknown:
@@ -559,7 +562,8 @@ def _report(results, args, methods, rollouts) -> dict:
                 )
                 entry["paired_vs_GSPO"][agent][m] = {"mean": mean, "ci95": [lo, hi], "seeds": common}
             entry["vs_before"][agent], entry["curve"][agent] = {}, {}
-            for m, runs in by_method.items():  # after - before, and the curve, per generation batch
+            # after - before, and the curve, per generation batch
+            for m, runs in by_method.items():
                 seeds = sorted(runs)
                 mean, lo, hi = mean_ci(
                     [runs[s][agent]["accuracy_after"] - runs[s][agent]["accuracy_before"] for s in seeds]
@@ -567,11 +571,12 @@ def _report(results, args, methods, rollouts) -> dict:
                 entry["vs_before"][agent][m] = {"mean": mean, "ci95": [lo, hi], "seeds": seeds}
                 points = [dict(runs[s][agent]["curve"]) for s in seeds]
                 common = sorted(set.intersection(*(set(p) for p in points)))
+                # [generation batches, mean accuracy, Δ vs before, its 95% interval] per step
                 entry["curve"][agent][m] = [
                     [step // UPDATES.get(m, 4), statistics.mean(p[step] for p in points),
                      *mean_ci([p[step] - runs[s][agent]["accuracy_before"] for p, s in zip(points, seeds, strict=True)])]
                     for step in common
-                ]  # fmt: skip  # [generation batches, mean accuracy, Δ vs before, its 95% interval]
+                ]  # fmt: skip
             entry["peer"][agent] = {
                 m: peer_stats(args.out, pair, m, agent, sorted(by_method[m])) for m in by_method if m in SHARING
             } | {m: peer_stats(args.out, pair, m, agent, sorted(by_method[m])) for m in by_method if m in ABLATIONS}

@@ -1,9 +1,8 @@
 """The HACPO equations as pure torch functions.
 
 Zhang, Huang et al., "Heterogeneous Agent Collaborative Reinforcement Learning" (arXiv 2603.02604).
-Equation numbers follow the 2026-02-20 preprint (the text in ``docs/``-style notes the project keeps);
-the official rewrite on verl (``zzx-peter/HACRL-code``, ``recipe/hacpo``) decides wherever the paper is
-ambiguous, and each such choice is said where it is made.
+Equation numbers follow the 2026-02-20 preprint; the official rewrite on verl (``zzx-peter/HACRL-code``,
+``recipe/hacpo``) decides wherever the paper is ambiguous, and each such choice is said where it is made.
 
 Notation: agent ``k`` is the *learner*, agent ``j`` the *source* (generator) of a completion. A *self*
 row is a completion the learner generated; a *peer* row one it learns from another agent. P̂ is an
@@ -159,7 +158,8 @@ class CapabilityTracker:
         missing = [a for a in self.agents if a not in rewards_by_agent]
         if missing:
             raise ValueError(f"`rewards_by_agent` is missing agents {missing}; every agent must report each step")
-        scores = {a: self.step_score(rewards_by_agent[a]) for a in self.agents}  # validate all before mutating
+        # every agent's rewards are validated before any window changes
+        scores = {a: self.step_score(rewards_by_agent[a]) for a in self.agents}
         for agent, score in scores.items():
             self._history[agent].append(score)
             self._rows[agent].append(int(torch.as_tensor(rewards_by_agent[agent]).numel()))
@@ -465,11 +465,9 @@ def peer_objective(
 ) -> torch.Tensor:
     """A · ω(j,k) · c · sg(c)^α with c = clamp(s, lb_m, 1) for peer rows -- Eqs. (10), (12), (13).
 
-    ``omega`` is ω(j, k) = clamp(P̂_source / P̂_learner): the opposite direction to the baseline's ω(k, j) (Eqs. 10
-    and 50 and both codebases; Remark 3.1(ii)'s text says otherwise). The clamp is *hard*, as in the official
-    code: outside [lb_m, 1] the row gives no gradient whatever the sign of A, so peer rows that the learner
-    already likes more than their generator did (s > 1) are dropped, not kept at weight 1. sg(c)^α (Eq. 12,
-    exponential importance sampling) down-weights rows the learner finds unlikely; α = 0 turns it off.
+    ``omega`` is ω(j, k) = clamp(P̂_source / P̂_learner), opposite to the baseline's ω(k, j) (Eqs. 10, 50 and both
+    codebases, not Remark 3.1(ii)'s text). The clamp is *hard*, as in the official code: a row outside [lb_m, 1],
+    s > 1 included, gives no gradient. sg(c)^α (Eq. 12) down-weights unlikely rows; α = 0 turns it off.
     """
     _check_non_negative("alpha", alpha)
     _check_probability("lower_bound", lower_bound)
@@ -581,9 +579,9 @@ def hacpo_loss(
             objectives; the mean then runs over ``valid rows + outside_rows`` exactly as if they were here.
 
     Aggregation is per sequence then mean over (valid) sequences (the official ``seq-mean-token-mean``). The
-    optional KL is the token mean per self row, averaged over self rows, times β. With no peer rows and ``beta=0`` the loss and
-    its gradient equal TRL's ``GRPOTrainer`` with ``importance_sampling_level="sequence"``, ``loss_type="grpo"``
-    (before TRL's division by gradient-accumulation steps, which is the caller's to do).
+    optional KL is the token mean per self row, averaged over self rows, times β. With no peer rows and ``beta=0``
+    the loss and its gradient equal TRL's ``GRPOTrainer`` with ``importance_sampling_level="sequence"``,
+    ``loss_type="grpo"`` (before TRL's division by gradient-accumulation steps, which is the caller's to do).
     """
     config = config or HACPOLossConfig()
     if logps.ndim != 2:

@@ -58,13 +58,11 @@ def filter_library_warnings(recipe: dict, argv: list[str]) -> None:
 def refuse(exc: Exception, prog: str = "hacpo-train", environ=os.environ) -> int:
     """Print ``prog: error: <exc>`` exactly once per launch, however the ranks race; return exit status 2.
 
-    The checks before this are a deterministic function of the recipe and the launch, so every rank fails the
-    same way. Global rank 0 prints and exits; the launcher then stops every other rank. Any other rank first waits
-    (at most ``HACPO_ERROR_WAIT`` seconds, 60 by default) for that stop, so it can never exit first and have the
-    launcher kill rank 0 before it printed; if it is still alive after the wait, rank 0 did not fail this way,
-    and it prints the line itself. Once the agent worlds are split, ``RANK`` is agent-local (every agent has a
-    rank 0), so the global rank decides. Under a launcher the line is also repeated after the launcher's own
-    traceback (`repeat_after_launcher`), so that it is the last line on the console as well as the first.
+    The checks before this depend only on the recipe and the launch, so every rank fails alike. Global rank 0 (not
+    ``RANK``, which is agent-local once the agent worlds split) prints and exits, and the launcher stops the rest.
+    Any other rank first waits ``HACPO_ERROR_WAIT`` seconds (60) for that stop, so that it never exits first and
+    gets rank 0 killed before it printed; still alive after the wait, it prints the line itself. Under a launcher
+    the line is repeated after the launcher's traceback (`repeat_after_launcher`), to be the console's last line too.
     """
     if environ.get("HACPO_GLOBAL_RANK", environ.get("RANK", "0")) != "0":
         import signal

@@ -404,7 +404,8 @@ class HACPOConfig(GRPOConfig):
             )
         names = resolved.names
         parse_learn_from(self.learn_from, names)
-        for agent in resolved.agents if self._specs else []:  # every agent's choice, so every process stops alike
+        # every agent's choice, checked by every process, so that every process stops alike
+        for agent in resolved.agents if self._specs else []:
             spec = agent.spec
             for where in ("learn_from", "overrides.learn_from"):
                 value = spec.learn_from if where == "learn_from" else spec.overrides.get("learn_from")
@@ -451,7 +452,8 @@ class HACPOConfig(GRPOConfig):
         self._apply_agent(agent, several=resolved.several)
         self.learn_from = self._canonical_learn_from([s.name for s in specs])
         self.sharing_settings()  # this agent's, as applied
-        if self.skip_empty_updates and launch_engine(self) == "DeepSpeed":  # before TRL loads DeepSpeed
+        # before TRL loads DeepSpeed
+        if self.skip_empty_updates and launch_engine(self) == "DeepSpeed":
             raise ValueError(
                 "`skip_empty_updates` does not work with DeepSpeed: its optimizer step runs inside the backward call, "
                 "before HACPO knows whether the update had a row with a gradient; set it false or train with DDP / FSDP"
@@ -503,9 +505,7 @@ class HACPOConfig(GRPOConfig):
         """Checkpoints only between generation batches: TRL does not save its position inside a generation batch,
         so a mid-batch checkpoint resumes out of phase (the half-trained batch is regenerated and trained again).
         With `save_strategy: steps` the Trainer also saves at `max_steps` (a warning: only continuing from that
-        checkpoint goes out of phase, and a short trial run is common). And agents checkpoint together: a step
-        every agent saved is what a run resumes from, so no agent may decide alone (`save_strategy: best`, refused
-        in `__post_init__` before the launch is checked)."""
+        checkpoint goes out of phase, and a short trial run is common)."""
         if self.save_strategy != "steps" or self.save_steps < 1:
             return
         schedule = (self.steps_per_generation, self.num_iterations, self.gradient_accumulation_steps)

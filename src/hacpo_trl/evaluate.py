@@ -222,7 +222,8 @@ def evaluate_with_vllm(
     request = {}
     if adapter is None:
         llm = LLM(model=model_path, **llm_kwargs)
-    else:  # a LoRA agent: serve its base model and apply the adapter per request (no merged copy on disk)
+    else:
+        # a LoRA agent: serve its base model and apply the adapter per request (no merged copy on disk)
         from vllm.lora.request import LoRARequest
 
         llm = LLM(model=adapter["base_model_name_or_path"], enable_lora=True, max_lora_rank=adapter["r"], **llm_kwargs)
@@ -458,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         record = trained_task(path) or {}
         task = record.get("task")
         chosen = dict(benches)
-        if not chosen:  # no benchmark named: the task the agent was trained on, else the short-answer task
+        # no benchmark named: the task the agent was trained on, else the short-answer task
+        if not chosen:
             if task is not None and task not in BUILTIN_TASKS:
                 parser.error(f"--model {path!r} was trained on task {task!r}: name a --benchmark or --dataset")
             chosen = {task or "arithmetic": None}

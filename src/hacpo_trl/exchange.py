@@ -168,7 +168,8 @@ class Exchange:
         if group is None:
             return [obj]
         global _SEQUENCE
-        _SEQUENCE += 1  # every process makes the same exchanges in the same order
+        # every process makes the same exchanges in the same order, so this count names the exchange alike on all
+        _SEQUENCE += 1
         sequence = _SEQUENCE
         self._mark_arrival(sequence)
         payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)

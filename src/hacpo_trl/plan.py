@@ -61,11 +61,12 @@ __all__ = [
 ]
 
 GIB = 1024**3
-# Fixed allowances per GPU rank (no measurement here; ranges from the plan audit, §2 and §4):
+# Fixed allowances per GPU rank (not measured here; the ranges quoted are typical):
 CUDA_CONTEXT_GIB = 0.75  # the trainer process's CUDA context + cuBLAS workspaces: 0.5-0.8 GiB on A100/H100
 NCCL_GIB_PER_COMMUNICATOR = 0.7  # 0.5-0.7 GiB per communicator that carries traffic (NVIDIA/nccl#964); more with NVLS
-NCCL_COMMUNICATORS = 2  # the world group (exchange, accelerate gathers) + the agent's data-parallel group (or
-#                         DeepSpeed's clone of the world group); 1 for an agent of one process
+# the world group (exchange, accelerate gathers) + the agent's data-parallel group (or DeepSpeed's clone of the world
+# group); 1 for an agent of one process
+NCCL_COMMUNICATORS = 2
 FRAGMENTATION_GIB = 3.0  # reserved-but-unallocated memory in variable-length RL: 1-5 GiB is typical (trl#2927)
 # With expandable segments: 0.7 and 0.3 GiB measured for Qwen3-4B / 1.7B shapes on one H200 (LoRA, HF generate).
 # Without them HF generate's growing KV cache made the same 4B agent reserve 71.8 GiB for 15.7 allocated.
@@ -75,7 +76,7 @@ QUEUE_FACTOR = 4  # flag a vLLM engine that runs fewer than 1/4 of a generation 
 VLLM_OVERHEAD_GIB = 2.0  # vLLM's profiling activations and CUDA graphs inside its share
 DS_BUCKET_ELEMENTS = 5e8  # DeepSpeed's default reduce_bucket_size and allgather_bucket_size (elements)
 FUSED_HEAD_TOKENS, FUSED_HEAD_VOCAB = 4096, 32768  # TRL 1.16's fused LM head tile (chunked_logprob.py)
-BACKWARD_TRANSIENTS = 1.5  # a recomputed layer's backward adds 30-60% of what it saves (audit §2)
+BACKWARD_TRANSIENTS = 1.5  # a recomputed layer's backward adds 30-60% of what it saves
 DEVICE_GIB = 79.2  # what torch can use on an 80 GB H100/A100 (OOM messages quote 79.1-79.3 GiB)
 DEFAULT_PROMPT_TOKENS = 1024  # prompt allowance when `vllm_max_model_length` is not set
 DATASET_ROWS = {"DigitalLearningGmbH/MATH-lighteval": 7500}  # MATH train split (Hendrycks et al., 2021)
@@ -301,7 +302,8 @@ def batch_arithmetic(agent: ResolvedAgent, n_ranks: int, n_agents: int) -> dict[
     peer_per_rank = (n_agents - 1) * own_per_rank if sharing else 0
     rows_per_forward = (own_per_rank + peer_per_rank) // spg
     per_update = []
-    if updates_within_batches(spg * iterations, ga):  # each update: GA micro-steps, micro-batch (step mod S)
+    # each update is GA micro-steps; micro-step m trains micro-batch (m mod S)
+    if updates_within_batches(spg * iterations, ga):
         for u in range(max(1, spg * iterations // ga)):
             own = sum(max(0, min((m % spg + 1) * rows_per_forward, own_per_rank) - m % spg * rows_per_forward)
                       for m in range(u * ga, (u + 1) * ga))  # fmt: skip
@@ -404,12 +406,14 @@ def memory_per_rank(
     act = residual_bytes if residual_bytes in (2, 4) else 2
     tokens = rows_per_forward * seq_len
     layer = tokens * dims.layer_bytes_per_token(act)
-    if gradient_checkpointing:  # every layer's input kept, one layer recomputed at a time with its transients
+    # gradient checkpointing keeps every layer's input and recomputes one layer at a time, with its transients
+    if gradient_checkpointing:
         layers = tokens * dims.hidden * dims.layers * residual_bytes + layer * BACKWARD_TRANSIENTS
     else:
         layers = layer * dims.layers + layer * (BACKWARD_TRANSIENTS - 1)
     head = lm_head_bytes(dims, rows_per_forward * completion_len, head_trainable=not lora, launch=launch, w=w)
-    if not fused_lm_head:  # TRL < 1.16 materialised the completion logits: bf16 logits + saved log-softmax
+    # TRL < 1.16 materialised the completion logits: bf16 logits + saved log-softmax
+    if not fused_lm_head:
         head = rows_per_forward * completion_len * dims.vocab * 4
     items["activations"] = layers + head
     # transformers' KV cache holds K and V of every layer in the weights' dtype as it runs the generation
@@ -587,10 +591,12 @@ def make_plan(
         vllm: dict[str, float] = {}
         if (colocate or server) and device_gib:
             model_len = int(max_len) if max_len else d.max_position
-            if colocate:  # each rank's engine generates that rank's completions; TRL's max_num_seqs
+            if colocate:
+                # each rank's engine generates that rank's completions, at most TRL's max_num_seqs at once
                 engine_gib, requests = vllm_gib, int(batch["own_completions_per_rank"])
                 max_seqs = int(batch["per_device_train_batch_size"]) * int(batch["steps_per_generation"])
-            else:  # one `trl vllm-serve` (default --gpu_memory_utilization 0.9) gets the agent's whole batch
+            else:
+                # one `trl vllm-serve` (default --gpu_memory_utilization 0.9) gets the agent's whole batch
                 engine_gib, requests = SERVER_UTILIZATION * device_gib, int(batch["completions_per_generation"])
                 max_seqs = requests
             kv_budget = engine_gib - 2 * d.params / GIB - VLLM_OVERHEAD_GIB
@@ -708,7 +714,8 @@ def make_plan(
             f"reserved for 15.7 allocated, a 4B LoRA agent with transformers' generate), beyond the {FRAGMENTATION_GIB:g} "
             "GiB allowed here"
         )
-    for agent in resolved.agents:  # each learner's own filter (it may differ per agent)
+    # each learner's own filter (it may differ per agent)
+    for agent in resolved.agents:
         if agent.get("peer_filter", "all") != "all":
             notes.append(
                 f"agent {agent.name!r}: peer_filter {agent.get('peer_filter')!r}: its peer rows and rows per forward "

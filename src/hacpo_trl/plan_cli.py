@@ -250,7 +250,8 @@ def main(argv: list[str]) -> int:
     except (RecipeError, ValueError, OSError) as exc:
         print(f"hacpo-train --plan: error: {exc}", file=sys.stderr)
         return 2
-    if os.environ.get("RANK", "0") == "0":  # inside a launch, one copy is enough
+    # inside a launch, one copy is enough
+    if os.environ.get("RANK", "0") == "0":
         print(format_plan(plan), flush=True)
         if len(plan.agents) > 1:
             agents = [(a.name, a.params, len(a.ranks)) for a in plan.agents]

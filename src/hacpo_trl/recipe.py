@@ -109,7 +109,8 @@ class HACPOScriptArguments:
     )
 
     def __post_init__(self):
-        if self.reward_funcs is None:  # the task's own reward, never another task's (it would score every answer 0)
+        # the task's own reward, never another task's (it would score every answer 0)
+        if self.reward_funcs is None:
             from .rewards import task_reward_funcs
 
             self.reward_funcs = task_reward_funcs(self.task)

@@ -53,16 +53,14 @@ def current_update(
 
 
 def self_on_policy(gradient_accumulation_steps: int, generate_every: int, vllm_weights: bool) -> bool:
-    """Whether self rows use their current log-prob as the old one. TRL skips old log-probs when a generation batch
-    is used for exactly one update (and no vLLM importance weights): the self ratio is then 1 in value. HACPO keeps
-    that for self rows (so one agent equals TRL's GSPO) and needs old log-probs anyway for the records it shares."""
+    """Whether self rows take their current log-prob as the old one (ratio 1 in value), as TRL does for a batch used
+    for one update without vLLM importance weights: so that one agent equals TRL's GSPO."""
     return gradient_accumulation_steps % generate_every == 0 and not vllm_weights
 
 
 def batches_seen(global_step: int, step: int, gradient_accumulation_steps: int, generate_every: int) -> int:
-    """Generation batches before the one starting at micro-step ``step``, after ``global_step`` finished updates:
-    the micro-batches of the updates made and of the one under way (an update may span generation batches) ÷
-    micro-batches per batch."""
+    """Generation batches before the one starting at micro-step ``step``, after ``global_step`` finished updates
+    (counted in micro-batches, since an update may span generation batches)."""
     ga = gradient_accumulation_steps
     return (global_step * ga + step % ga) // generate_every
 
@@ -82,9 +80,8 @@ def own_rows_chunk(rows: int, solo_micro_batches: int, per_device_train_batch_si
 
 
 def solo_fits(solo: int, steps_per_generation: int, gradient_accumulation_steps: int) -> bool:
-    """Whether `solo_steps_per_generation` cuts a generation batch into whole optimizer updates: it divides
-    `steps_per_generation` and is a multiple of `gradient_accumulation_steps` (an update half-skipped would step on
-    half its rows)."""
+    """Whether `solo_steps_per_generation` cuts a generation batch into whole optimizer updates (an update
+    half-skipped would step on half its rows)."""
     return not (steps_per_generation % solo or solo % gradient_accumulation_steps)
 
 
@@ -155,9 +152,8 @@ class BatchPlan:
 def plan_batch(
     own_rows: int, peers: bool, rescue_only: bool, steps_per_generation: int, solo_micro_batches: int, iterations: int
 ) -> BatchPlan:
-    """The plan of a batch of ``own_rows`` own rows, with peer rows or not (``peers``): the sharing schedule's
-    `steps_per_generation` micro-batches with peers, the solo schedule's ``solo_micro_batches`` without them or with
-    rescued peer rows only."""
+    """The plan of a batch of ``own_rows`` own rows: the sharing schedule with peer rows, the solo schedule without
+    them or with rescued peer rows only."""
     micro = steps_per_generation if peers and not rescue_only else solo_micro_batches
     return BatchPlan(own_rows, micro, steps_per_generation, iterations, solo=not peers, rescue_only=rescue_only)
 

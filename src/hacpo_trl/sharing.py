@@ -258,11 +258,9 @@ def peers_in_band(
 ) -> dict[str, int]:
     """How many of each open peer's rows lie in the band at a batch's first update (not in the paper).
 
-    ``ratio`` holds the learner's sequence ratio s (Eq. 11) of each peer row before any update on the batch, and
-    ``sources`` the agent that generated each row. A peer none of whose rows is in the band gives the learner no
-    gradient at all (every row is clamped), yet its rewards still enter the capability-aware baseline and shift the
-    learner's own advantages; ``band_gate`` closes such a peer for the batch, as the capability gate does.
-    Peers with no row count 0.
+    ``ratio``: the learner's sequence ratio s (Eq. 11) of each peer row before any update; ``sources``: each row's
+    generator. A peer with no row in the band gives no gradient (every row is clamped), yet its rewards still shift
+    the learner's baseline; ``band_gate`` closes such a peer for the batch.
     """
     if ratio.ndim != 1 or ratio.shape[0] != len(sources):
         raise ValueError(f"`ratio` must have one entry per source, got {tuple(ratio.shape)} for {len(sources)}")
@@ -367,9 +365,8 @@ class PeerDecision:
         return {**limited, **{p: prompts for p, prompts in self.rescued.items() if prompts}}
 
     def rows_args(self) -> tuple[tuple[str, ...], dict[str, frozenset[str]], float, frozenset[str]]:
-        """``(peers, only_prompts, weight, taught)``: what the peer rows are built from (the involved peers, the
-        prompts some are limited to, the peers' weight, the peers whose rows are taught ones;
-        :func:`~hacpo_trl.peer_rows.build_peer_rows`)."""
+        """``(involved peers, only_prompts, weight, taught)``: the arguments of
+        :func:`~hacpo_trl.peer_rows.build_peer_rows`."""
         return self.involved, self.only_prompts(), self.weight, self.taught
 
     def close_outside_band(self, in_band: Mapping[str, int]) -> PeerDecision:

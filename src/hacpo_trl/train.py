@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     elif "-h" in argv or "--help" in argv:
         print(short_help())
         return 0
-    if "--plan" in argv:  # check the launch on paper: no weights, no process group
+    # check the launch on paper: no weights, no process group
+    if "--plan" in argv:
         from .plan_cli import main as plan
 
         return plan(argv)
@@ -218,9 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         script_args, config = parse_args(parser, argv)
         if not config.agents:
             raise RecipeError("recipe key 'agents' is missing: name at least one agent with its model_name_or_path")
-        check_trackers(
-            config.report_to, warn=os.environ.get("RANK", "0") == "0"
-        )  # before any download or vLLM start-up
+        # before any download or vLLM start-up
+        check_trackers(config.report_to, warn=os.environ.get("RANK", "0") == "0")
         from .rewards import get_reward_funcs
 
         reward_funcs = get_reward_funcs(script_args.reward_funcs)
@@ -279,7 +279,8 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
         print(f"[{trainer.agent}] held-out accuracy after training:  {after:.3f}", flush=True)
 
     is_agent_main = trainer.accelerator.process_index == 0
-    if is_agent_main:  # the run's record, next to the agent
+    # the run's record, next to the agent
+    if is_agent_main:
         with open(os.path.join(config.output_dir, "log_history.json"), "w") as f:
             json.dump(trainer.state.log_history, f)
         _write_task_record(config, script_args)
