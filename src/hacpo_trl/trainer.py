@@ -30,6 +30,7 @@ the logic is plain functions in named modules, tested without a trainer (:mod:`~
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -243,55 +244,24 @@ class HACPOTrainer(GRPOTrainer):
         compute_aux_loss=False,
         **extra,
     ):
-        """TRL's forward, chunk by chunk at each chunk's own width: the same log-probs, entropies and gradients
-        without the padding columns (:mod:`hacpo_trl.padding`). Several chunks (the no-gradient passes over a
-        generation batch) take rows in order of length and return them in the caller's order. Which sides a model
-        may trim is `padding.trim_sides`'s (left padding only with rotary embeddings, none with length-dependent
-        ones). Multimodal inputs and ``trim_padding=False`` keep TRL's padded forward; all count tokens processed
-        and real."""
-        n, width = input_ids.shape
+        """TRL's forward at each chunk's own width (:func:`hacpo_trl.padding.forward_at_width`); multimodal inputs and
+        ``trim_padding=False`` keep TRL's padded forward. Counts tokens processed and real (``padding_ratio``)."""
         name = self._forward_name = self._pass_name()
         if name in _OWN_ROW_PASSES and self.model.training:
             # in a solo batch's chunks, as GSPO (a chunk's shape can change the last bits on a GPU): a learner gated
             # off trains bit for bit as GSPO; with peers its own rows' log-probs differ by float rounding only
-            batch_size = schedule.own_rows_chunk(n, self._solo_steps(), self.args.per_device_train_batch_size)
-        batch_size = batch_size or n
-        sides = self._trim_sides if self.args.trim_padding and all(v is None for v in extra.values()) else None
-        trim = sides is not None and any(sides)
-        order = padding.length_order(attention_mask) if trim and batch_size < n else None
-        if order is not None:
-            input_ids, attention_mask = input_ids[order], attention_mask[order]
-        chunks = padding.chunk_trims(attention_mask, logits_to_keep, batch_size, sides if trim else False)
+            rows, solo, size = len(input_ids), self._solo_steps(), self.args.per_device_train_batch_size
+            batch_size = schedule.own_rows_chunk(rows, solo, size)
+        trim = self.args.trim_padding and all(v is None for v in extra.values())
+        flags = {"compute_entropy": compute_entropy, "compute_aux_loss": compute_aux_loss, **extra}
+        forward = functools.partial(super()._get_per_token_logps_and_entropies, model, **flags)
+        sides = self._trim_sides if trim else (False, False)
+        size = batch_size or len(input_ids)
+        out, processed = padding.forward_at_width(forward, input_ids, attention_mask, logits_to_keep, size, sides)
         sums = self._padding_sums["train" if self.model.training else "eval"].setdefault(name, [0, 0])
-        sums[0] += sum(c.tokens for c in chunks)
+        sums[0] += processed
         sums[1] += int(attention_mask.sum())
-        if not trim:
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **extra
-            )
-        first_completion = width - logits_to_keep
-        logps, entropies, aux_losses = [], [], []
-        for c in chunks:
-            lp, entropy, aux = super()._get_per_token_logps_and_entropies(
-                model,
-                input_ids[c.start : c.end, c.left : c.right],
-                attention_mask[c.start : c.end, c.left : c.right],
-                c.right - first_completion,
-                compute_entropy=compute_entropy,
-                compute_aux_loss=compute_aux_loss,
-            )
-            logps.append(padding.restore_width(lp, width - c.right))
-            if compute_entropy:
-                entropies.append(padding.restore_width(entropy, width - c.right))
-            if compute_aux_loss:
-                aux_losses.append(aux)
-        logps = torch.cat(logps)
-        entropy = torch.cat(entropies) if compute_entropy else None
-        if order is not None:
-            inverse = torch.argsort(order)
-            logps = logps[inverse]
-            entropy = None if entropy is None else entropy[inverse]
-        return logps, entropy, (torch.stack(aux_losses).mean() if compute_aux_loss else None)
+        return out
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
@@ -572,8 +542,9 @@ class HACPOTrainer(GRPOTrainer):
                 else:  # a batch of rescued rows only: each micro-batch holds GSPO's share of the own rows
                     layout = "interleaved" if plan.rescue_only else self.args.peer_layout
                     batch = order_rows(batch, plan.own_rows, steps, layout)
-                if self.args.group_by_length:
-                    batch = self._group_by_length(batch, steps)
+                if self.args.group_by_length:  # within each update, between rows of equal weight
+                    ga, hacpo = self.args.gradient_accumulation_steps, self.args.share_rollouts
+                    batch = padding.group_by_length(batch, steps, ga, hacpo)
                 skipped = [None] * (self.args.steps_per_generation - steps)  # skipped by training_step
                 self._buffered_inputs = split_tensor_dict(batch, steps) + skipped
             return self._buffered_inputs[self._step % self.args.steps_per_generation]
@@ -582,18 +553,6 @@ class HACPOTrainer(GRPOTrainer):
         """Micro-batches of a generation batch of own rows only (:func:`hacpo_trl.schedule.solo_steps`)."""
         sharing = self.args.share_rollouts and len(self.agent_names) > 1 and self.model.training
         return schedule.solo_steps(self.args.steps_per_generation, self.args.solo_steps_per_generation, sharing)
-
-    def _group_by_length(self, batch: dict, steps: int) -> dict:
-        """Rows of similar length into the same micro-batch, within each optimizer update and between rows of equal
-        weight (:func:`hacpo_trl.padding.length_groups`). Blocks of gcd(S, GA) micro-batches never cross an update."""
-        rows = batch["completion_ids"].shape[0]
-        block = math.gcd(steps, self.args.gradient_accumulation_steps)
-        lengths = (batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)).cpu()
-        classes = torch.zeros(rows, dtype=torch.long)
-        if self.args.share_rollouts and "hacpo_is_peer" in batch:  # HACPO: mean over valid rows, KL over self rows
-            classes = 1 + batch["hacpo_is_peer"].long().cpu() + 2 * (~batch["hacpo_valid"]).long().cpu()
-        order = padding.length_groups(lengths, classes, rows // steps, block).to(batch["completion_ids"].device)
-        return {k: (v[order] if isinstance(v, torch.Tensor) and v.ndim >= 1 else v) for k, v in batch.items()}
 
     # ------------------------------------------------------------------------------------------------- loss
 
