@@ -39,12 +39,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
-from . import checkpoints, metrics, padding, schedule
+from . import checkpoints, metrics, padding, schedule, updates
 from .algorithm import CapabilityTracker, stepwise_lower_bound
 from .cache import builtin_name
 from .config import HACPOConfig
@@ -87,20 +86,6 @@ __all__ = ["HACPOTrainer", "PROMPT_ID_COLUMN"]
 # TRL's no-gradient passes over the learner's own rows of a generation batch (`_pass_name`): in training they run in
 # the chunks of one update of a solo batch, so that a learner gated off computes them as the GSPO baseline does
 _OWN_ROW_PASSES = ("old_logps", "ref_logps")
-
-
-class _ResumeGradScaler(TrainerCallback):
-    """Resumes the GradScaler that `HACPOTrainer._update_without_gradients` paused, once that update's optimizer
-    step is behind."""
-
-    def __init__(self, trainer: HACPOTrainer):
-        self.trainer = trainer
-
-    def on_optimizer_step(self, args, state, control, **kwargs):
-        updates = self.trainer._updates
-        scaler, updates.paused_scaler = updates.paused_scaler, None
-        if scaler is not None:
-            scaler._enabled = True
 
 
 class HACPOTrainer(GRPOTrainer):
@@ -174,7 +159,7 @@ class HACPOTrainer(GRPOTrainer):
         self.last_records: list[RolloutBatch] = []
         self.last_peer_rows: PeerRows | None = None
         self.add_callback(metrics.OptimizerTimer(self))
-        self.add_callback(_ResumeGradScaler(self))
+        self.add_callback(updates.ResumeGradScaler(self._updates))
         self._self_on_policy = self._one_update(args.steps_per_generation)
         # how the buffered generation batch is trained, set with each one; before the first: skip nothing
         self._plan: BatchPlan = self._plan_for(0, peers=True, rescue_only=False)
@@ -269,11 +254,7 @@ class HACPOTrainer(GRPOTrainer):
             self._metrics[mode][key] = [value]
         self._padding_sums[mode] = {}
         if mode == "train" and "loss" in logs and self._solo_steps() != self.args.steps_per_generation:
-            updates = self._updates
-            logs["hacpo/skipped_updates"] = float(updates.skipped_since_log)  # their loss is logged as 0
-            if updates.last_skipped:  # transformers logs the last update's norm, and a skipped one has none: 0
-                logs.pop("grad_norm", None)  # with no gradient (DeepSpeed would repeat the last real update's)
-            updates.skipped_since_log, updates.last_skipped = 0, False
+            updates.log_skipped_updates(logs, self._updates)
         super().log(logs, start_time)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -288,9 +269,7 @@ class HACPOTrainer(GRPOTrainer):
             model.train()  # as Trainer.training_step would: after an evaluation the logs must read as training's
             self._step += 1  # TRL's micro-batch counter, as its own training_step would advance it
             if self.accelerator.sync_gradients:  # the skipped update's last micro-batch (the Trainer's marker)
-                self._updates.skipped_since_log += 1
-                self._updates.last_skipped = True
-                self._advance_engine_scheduler()
+                updates.skipped_update(self._updates, self.lr_scheduler)
                 self._update_without_gradients()
             return torch.zeros((), device=self.args.device)
         self._prepare_seconds = 0.0
@@ -307,37 +286,12 @@ class HACPOTrainer(GRPOTrainer):
         )
         return loss
 
-    def _advance_engine_scheduler(self) -> None:
-        """At a skipped update, the learning-rate schedule advances as at any other (the Trainer counts it as a step
-        and steps its scheduler). Under DeepSpeed with a scheduler the engine owns (a DeepSpeed config with an
-        `optimizer` or `scheduler` block) the Trainer's step is a no-op and the engine steps the schedule inside the
-        backward call, which a skipped update never makes: step it here, so every backend follows the same schedule.
-        (With a schedule that is not constant, a learner gated off is GSPO up to where in it each update falls.)"""
-        from accelerate.utils.deepspeed import DeepSpeedSchedulerWrapper
-
-        if isinstance(self.lr_scheduler, DeepSpeedSchedulerWrapper):
-            self.lr_scheduler.scheduler.step()
-
     def _update_without_gradients(self) -> None:
-        """The update being finished leaves every parameter without a gradient (a skipped update, or an empty one with
-        `skip_empty_updates`), and the Trainer's optimizer step must then change nothing and count as a step.
-
-        - fp16 mixed precision without DeepSpeed: torch's GradScaler finds no gradient to check for infs and fails
-          the step ("No inf checks were recorded for this optimizer"). It is paused for this step (the step is then
-          plain: AdamW leaves parameters without a gradient alone) and resumed right after it by
-          `_ResumeGradScaler`, before anything logs or saves its state; its scale is unchanged.
-        - fp16 under DeepSpeed: the engine's overflow flag still holds the last real step's, so an overflow there
-          would read as a skipped step here and the Trainer would not step its schedule: cleared (the engine sets
-          it anew at every real step)."""
-        from accelerate.utils.deepspeed import DeepSpeedOptimizerWrapper
-
-        scaler = self.accelerator.scaler
-        if scaler is not None and scaler.is_enabled():
-            scaler._enabled = False  # torch has no public switch; `_ResumeGradScaler` sets it back
-            self._updates.paused_scaler = scaler
-        engine_optimizer = getattr(self.optimizer, "optimizer", None)
-        if isinstance(self.optimizer, DeepSpeedOptimizerWrapper) and getattr(engine_optimizer, "overflow", False):
-            engine_optimizer.overflow = False
+        """A skipped update, or an empty one (`skip_empty_updates`), leaves every parameter without a gradient: its
+        optimizer step must change nothing (:func:`~hacpo_trl.updates.pause_for_no_gradients`)."""
+        paused = updates.pause_for_no_gradients(self.accelerator.scaler, self.optimizer)
+        if paused is not None:
+            self._updates.paused_scaler = paused
 
     def _rng_kept(self):
         """A context in which forwards may draw from the RNG (dropout) without moving it for what comes after."""
