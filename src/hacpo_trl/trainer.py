@@ -45,7 +45,6 @@ from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
 from . import checkpoints, metrics, padding, schedule, updates
 from .algorithm import CapabilityTracker, stepwise_lower_bound
-from .cache import builtin_name
 from .config import HACPOConfig
 from .exchange import (
     PROMPT_ID_COLUMN,
@@ -63,7 +62,7 @@ from .loading import (
     moe_loss_message,
     resolve_agent,
 )
-from .model_card import PAPER, append_card_section, hacpo_card_section, hub_base_model, name_card
+from .model_card import PAPER, complete_card, hub_base_model
 from .peer_loss import batch_row_flags, gradient_rows, has_gradient_rows, peer_log_ratios, rows_loss, score_peer_rows
 from .peer_rows import (
     PeerRows,
@@ -615,18 +614,8 @@ class HACPOTrainer(GRPOTrainer):
         with hub_base_model(self.model, self._base_model):  # a built-in copy of a Hub model: named as such
             super().create_model_card(model_name=model_name or self.agent, dataset_name=dataset_name, tags=tags)
         if self.is_world_process_zero():
-            # as the user wrote it: the recipe's name, else `builtin:<name>` for a cache folder, else the path given
-            label = self.args.agent_spec.model_name_or_path or builtin_name(self._base_model) or self._base_model
-            card = os.path.join(self.args.output_dir, "README.md")
-            if os.path.isfile(card):  # TRL's template leaves base model and repository as `None` for local models
-                with open(card) as f:
-                    text = name_card(f.read(), self.agent, label, self.hub_model_id or self.args.output_dir)
-                with open(card, "w") as f:
-                    f.write(text)
-            section = hacpo_card_section(
-                self.args, self.agent, self._base_model, self.state.log_history, self.state.global_step, label
-            )
-            append_card_section(self.args.output_dir, section)
+            history, step, model_id = self.state.log_history, self.state.global_step, self.hub_model_id
+            complete_card(self.args, self.agent, self._base_model, history, step, model_id or self.args.output_dir)
 
     def _save_checkpoint(self, model, trial):
         """TRL's checkpoint, then the capability tracker written last and atomically: a checkpoint folder without
