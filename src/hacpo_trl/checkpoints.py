@@ -20,10 +20,12 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 __all__ = [
     "STATE_FILE",
     "check_same_start",
+    "chosen_checkpoint",
     "complete_checkpoints",
     "prune_checkpoints",
     "read_state",
     "resume_checkpoint",
+    "save_state",
     "write_state",
 ]
 
@@ -121,3 +123,20 @@ def check_same_start(starts: Sequence[tuple[str, int]]) -> None:
     """Every process's ``(agent, step)`` it resumes from (0: from scratch) must name one step."""
     if len({s for _, s in starts}) > 1:
         raise ValueError(f"agents would resume from different steps: {sorted(set(starts))}; resume them together")
+
+
+def save_state(run_dir: str, agent: str, global_step: int, capability: dict) -> None:
+    """Mark ``checkpoint-<global_step>`` of ``run_dir`` complete: its ``hacpo_state.json`` (the agent, the step and
+    the capability tracker's state), written once the rest of the folder is on disk."""
+    folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{global_step}")
+    write_state(folder, {"agent": agent, "global_step": global_step, "capability": capability})
+
+
+def chosen_checkpoint(
+    requested, agent: str, complete: dict[int, str], everyone: Sequence[tuple], describe_rank: Callable[[int], str]
+) -> str | None:
+    """The checkpoint `resume_from_checkpoint` (``requested``) names: with True or ``"last"`` the newest step every
+    agent saved completely (:func:`resume_checkpoint`), else the path given; None: training starts afresh."""
+    if requested is True or requested == "last":
+        return resume_checkpoint(agent, complete, everyone, describe_rank)
+    return requested or None

@@ -39,7 +39,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
@@ -630,9 +629,7 @@ class HACPOTrainer(GRPOTrainer):
         self.accelerator.wait_for_everyone()  # every rank's RNG state is on disk before the folder counts as done
         run_dir = self._get_output_dir(trial=trial)
         if self.args.should_save:
-            folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            step, capability = self.state.global_step, self.capability.state_dict()
-            checkpoints.write_state(folder, {"agent": self.agent, "global_step": step, "capability": capability})
+            checkpoints.save_state(run_dir, self.agent, self.state.global_step, self.capability.state_dict())
         self.exchange.all_gather((self.agent, self.state.global_step), what="checkpoint saved by every agent")
         if limit and self.args.should_save:
             checkpoints.prune_checkpoints(run_dir, limit, keep=self.state.best_model_checkpoint)
@@ -641,17 +638,12 @@ class HACPOTrainer(GRPOTrainer):
         """As `Trainer.train`; ``resume_from_checkpoint=True`` resumes every agent from the newest step that all
         agents saved completely (a checkpoint interrupted while saving is skipped, never loaded)."""
         complete = checkpoints.complete_checkpoints(self.args.output_dir)
-        is_main = self.accelerator.process_index == 0
-        everyone = self.exchange.all_gather(
-            (self.agent, is_main, sorted(complete), resume_from_checkpoint), what="checkpoints to resume from"
-        )
-        checkpoint = resume_from_checkpoint
-        if checkpoint is True or checkpoint == "last":
-            checkpoint = checkpoints.resume_checkpoint(self.agent, complete, everyone, self.topology.describe_rank)
-        step = 0
+        report = (self.agent, self.accelerator.process_index == 0, sorted(complete), resume_from_checkpoint)
+        everyone = self.exchange.all_gather(report, what="checkpoints to resume from")
+        where = (self.agent, complete, everyone, self.topology.describe_rank)
+        checkpoint = checkpoints.chosen_checkpoint(resume_from_checkpoint, *where)
+        state = checkpoints.read_state(checkpoint, self.agent) if checkpoint else {"global_step": 0}
         if checkpoint:
-            state = checkpoints.read_state(checkpoint, self.agent)
             self.capability.load_state_dict(state["capability"])
-            step = state["global_step"]
-        checkpoints.check_same_start(self.exchange.all_gather((self.agent, step), what="resume steps"))
-        return super().train(resume_from_checkpoint=checkpoint or None, **kwargs)
+        checkpoints.check_same_start(self.exchange.all_gather((self.agent, state["global_step"]), what="resume steps"))
+        return super().train(resume_from_checkpoint=checkpoint, **kwargs)
