@@ -31,6 +31,7 @@ __all__ = [
     "add_self_columns",
     "append_peer_rows",
     "build_peer_rows",
+    "micro_batches",
     "order_rows",
     "own_rewards",
     "self_prompt_tokens",
@@ -305,3 +306,24 @@ def append_peer_rows(
     batch.setdefault("hacpo_taught", torch.zeros(n_self, dtype=torch.bool, device=device))  # a batch built by hand
     append("hacpo_taught", rows.taught, False, torch.bool)
     return batch
+
+
+def micro_batches(batch: dict, plan, settings) -> list[dict | None]:
+    """A generation batch cut into the micro-batches its plan (:class:`~hacpo_trl.schedule.BatchPlan`) trains, those
+    it skips None. A solo batch is shuffled as TRL shuffles it. With peer rows, self and peer rows are shuffled apart
+    and self rows kept first (:func:`order_rows`, by ``settings.peer_layout``), so that the stepwise peer bound sees
+    peer rows in the later updates of a generation batch, as in the paper; a batch of rescued rows only is
+    interleaved, so each of its micro-batches holds GSPO's share of the own rows. ``settings.group_by_length`` then
+    regroups rows by length within each update (:func:`hacpo_trl.padding.group_by_length`)."""
+    from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
+
+    from .padding import group_by_length
+
+    steps = plan.micro_batches
+    if plan.solo:  # own rows only, trained with TRL's own loss
+        batch = shuffle_sequence_dict(batch)  # exactly TRL's order when there are no peer rows
+    else:
+        batch = order_rows(batch, plan.own_rows, steps, "interleaved" if plan.rescue_only else settings.peer_layout)
+    if settings.group_by_length:
+        batch = group_by_length(batch, steps, settings.gradient_accumulation_steps, settings.share_rollouts)
+    return split_tensor_dict(batch, steps) + [None] * (plan.steps_per_generation - steps)
