@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -22,8 +23,10 @@ __all__ = [
     "check_same_start",
     "chosen_checkpoint",
     "complete_checkpoints",
+    "deferred_limit",
     "prune_checkpoints",
     "read_state",
+    "restore_state",
     "resume_checkpoint",
     "save_state",
     "write_state",
@@ -140,3 +143,24 @@ def chosen_checkpoint(
     if requested is True or requested == "last":
         return resume_checkpoint(agent, complete, everyone, describe_rank)
     return requested or None
+
+
+@contextmanager
+def deferred_limit(args):
+    """While TRL saves a checkpoint, ``args.save_total_limit`` is None, so TRL deletes nothing; yields the limit, to
+    apply with :func:`prune_checkpoints` once every agent has saved the step (restored after, whatever happens)."""
+    limit, args.save_total_limit = args.save_total_limit, None
+    try:
+        yield limit
+    finally:
+        args.save_total_limit = limit
+
+
+def restore_state(checkpoint: str | None, agent: str, capability) -> int:
+    """Load ``checkpoint``'s capability tracker state into ``capability``; the step it resumes from (0: no checkpoint,
+    training starts afresh)."""
+    if not checkpoint:
+        return 0
+    state = read_state(checkpoint, agent)
+    capability.load_state_dict(state["capability"])
+    return state["global_step"]

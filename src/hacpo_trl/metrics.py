@@ -20,6 +20,7 @@ __all__ = [
     "LOSS_SUMS",
     "OptimizerTimer",
     "capability_metrics",
+    "capability_step_metrics",
     "exchange_metrics",
     "gate_evidence_metrics",
     "learns_from_metrics",
@@ -117,6 +118,13 @@ def capability_metrics(
     metrics.update({f"hacpo/reward/{agent}": sum(r) / len(r) for agent, r in step_rewards.items()})
     metrics.update({f"hacpo/omega/{agent}": omega for agent, omega in omegas.items()})
     return metrics
+
+
+def capability_step_metrics(tracker, learner: str, step_rewards: dict[str, list[float]], low: float, high: float):
+    """:func:`capability_metrics` once ``tracker`` (a :class:`~hacpo_trl.algorithm.CapabilityTracker`) took the
+    step's rewards: ω of each peer toward ``learner``, its capability ratio clamped to [``low``, ``high``]."""
+    omegas = {a: tracker.omega(a, learner, low, high) for a in tracker.agents if a != learner}
+    return capability_metrics(tracker.capabilities(), step_rewards, omegas)
 
 
 def learns_from_metrics(learner: str, agents: list[str], open_peers: list[str], weight: float) -> dict[str, float]:

@@ -176,18 +176,18 @@ def forward_at_width(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     logits_to_keep: int,
-    batch_size: int,
+    batch_size: int | None,
     sides: tuple[bool, bool],
 ) -> tuple[tuple, int]:
     """``forward`` (TRL's `_get_per_token_logps_and_entropies` with the model and flags bound: ``forward(input_ids,
     attention_mask, logits_to_keep, batch_size)``) chunk by chunk at each chunk's own width: the same log-probs,
     entropies and gradients without the padding columns. ``sides`` are those the model may trim (:func:`trim_sides`);
-    with neither, TRL's padded forward runs as it is. Chunks smaller than the batch (the no-gradient passes over a
-    generation batch) take rows in order of length and return them in the caller's order.
+    with neither, TRL's padded forward runs as it is. Rows go in chunks of ``batch_size`` (None: one chunk); with
+    several (the no-gradient passes over a generation batch), in order of length, returned in the caller's order.
 
     Returns TRL's (log-probs, entropies, aux loss) and the tokens the forwards processed (rows x width, summed)."""
     n, width = input_ids.shape
-    trim = any(sides)
+    batch_size, trim = batch_size or n, any(sides)
     order = length_order(attention_mask) if trim and batch_size < n else None
     if order is not None:
         input_ids, attention_mask = input_ids[order], attention_mask[order]

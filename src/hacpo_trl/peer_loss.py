@@ -15,6 +15,7 @@ zero elsewhere, and the lower bound applied), or None when every row gets a back
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -222,16 +223,16 @@ def band_order(batch: dict) -> torch.Tensor:
 
 
 def band_ratios(
-    batch: dict, index: torch.Tensor, score: Callable, size: int, forwards: int, config: HACPOLossConfig
+    batch: dict, index: torch.Tensor, score: Callable, size: int, most: int, config: HACPOLossConfig
 ) -> torch.Tensor:
     """The sequence ratio s of each valid peer row of ``batch`` (in batch order) under the learner now: the rows
-    ``index`` (:func:`band_order`), ``size`` per forward, in exactly ``forwards`` forwards; ``score(rows)`` is the
-    learner's no-gradient forward over a row mask, returning per-token log-probs. A forward past the end of ``index``
-    scores row 0 and drops it: every rank of an agent runs as many forwards (under FSDP / ZeRO-3 each is a
-    collective), and a forward of ``size`` rows holds no more activations than TRL's no-gradient passes do."""
+    ``index`` (:func:`band_order`), ``size`` per forward; ``score(rows)`` is the learner's no-gradient forward over a
+    row mask, returning per-token log-probs. Every rank of an agent runs the forwards that ``most``, the most rows any
+    of its ranks holds, needs (under FSDP / ZeRO-3 each forward is a collective): one past the end of ``index``
+    scores row 0 and drops it. A forward of ``size`` rows holds no more activations than TRL's no-gradient passes."""
     candidates = batch["hacpo_is_peer"] & batch["hacpo_valid"]
     ratio = torch.full((len(candidates),), float("nan"), device=candidates.device)
-    for k in range(forwards):
+    for k in range(max(1, math.ceil(most / size))):
         chunk = index[k * size : (k + 1) * size]
         scored = torch.zeros_like(candidates)
         scored[chunk if len(chunk) else 0] = True

@@ -31,6 +31,7 @@ __all__ = [
     "add_self_columns",
     "append_peer_rows",
     "build_peer_rows",
+    "learner_records",
     "micro_batches",
     "order_rows",
     "own_rewards",
@@ -306,6 +307,16 @@ def append_peer_rows(
     batch.setdefault("hacpo_taught", torch.zeros(n_self, dtype=torch.bool, device=device))  # a batch built by hand
     append("hacpo_taught", rows.taught, False, torch.bool)
     return batch
+
+
+def learner_records(
+    by_agent: Mapping[str, Sequence[RolloutBatch]], learner: str, agent_names: Sequence[str], peers: Sequence[str]
+) -> tuple[list[RolloutBatch], list[str]]:
+    """What enters a learner's peer rows from ``peers`` (:func:`build_peer_rows`'s ``records`` and ``agent_names``):
+    the records of the learner and these peers only, their rewards included (the baseline), in ``by_agent``'s order;
+    and those agents in ``agent_names`` order (the learner's view)."""
+    kept = {agent: by_agent[agent] for agent in (learner, *peers) if agent in by_agent}
+    return [r for records in kept.values() for r in records], [a for a in agent_names if a in kept]
 
 
 def micro_batches(batch: dict, plan, settings) -> list[dict | None]:

@@ -1,28 +1,22 @@
 """`HACPOTrainer`: TRL's `GRPOTrainer` for one agent of a HACPO run, sharing rollouts with the other agents.
 
-Each agent runs this trainer in its own accelerate world (:mod:`hacpo_trl.topology`), so generation (HF or vLLM),
-reward scoring, DDP/ZeRO/FSDP, saving and logging stay TRL's. The hooks: ``_generate_and_score_completions`` exchanges
-every agent's records, updates the capability tracker and appends the learner's peer rows (:mod:`~hacpo_trl.sharing`
-decides whom it learns from, :mod:`~hacpo_trl.peer_rows` builds the rows); ``_prepare_inputs`` cuts each batch as its
-plan says (:mod:`~hacpo_trl.schedule`); ``_compute_loss`` is the HACPO loss, peer rows outside the band skipping the
-backward pass (:mod:`~hacpo_trl.peer_loss`); ``training_step`` skips the updates the plan skips
-(:mod:`~hacpo_trl.updates`); every forward runs each chunk at its own width (:mod:`~hacpo_trl.padding`); checkpoints
-keep the capability tracker (:mod:`~hacpo_trl.checkpoints`). With ``share_rollouts=False`` the loss is TRL's own, so
-the baselines are exactly TRL's GRPO / GSPO. This module is the glue: every forward pass and every collective over
-an agent's ranks is here, the logic in those modules, tested without a trainer.
+Each agent runs it in its own accelerate world (:mod:`hacpo_trl.topology`); what TRL does stays TRL's. This module is
+the glue: TRL's hooks, every forward pass and every collective over an agent's ranks. The logic is in
+:mod:`~hacpo_trl.sharing`, :mod:`~hacpo_trl.peer_rows`, :mod:`~hacpo_trl.peer_loss`, :mod:`~hacpo_trl.schedule`,
+:mod:`~hacpo_trl.updates`, :mod:`~hacpo_trl.padding`, :mod:`~hacpo_trl.metrics` and :mod:`~hacpo_trl.checkpoints`,
+tested without a trainer. With ``share_rollouts=False`` the loss is TRL's own: exactly TRL's GRPO / GSPO.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import os
 import time
 import warnings
 from contextlib import contextmanager
-from typing import Any
 
 import torch
+from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
 from . import checkpoints, exchange, loading, metrics, padding, peer_loss, peer_rows, schedule, updates
@@ -37,10 +31,6 @@ from .topology import at_exit, current_topology
 from .vllm_seed import use_agent_engine_seeds
 
 __all__ = ["HACPOTrainer", "PROMPT_ID_COLUMN"]
-
-# TRL's no-gradient passes over the learner's own rows of a generation batch (`_pass_name`): in training they run in
-# the chunks of one update of a solo batch, so that a learner gated off computes them as the GSPO baseline does
-_OWN_ROW_PASSES = ("old_logps", "ref_logps")
 
 
 class HACPOTrainer(GRPOTrainer):
@@ -74,36 +64,24 @@ class HACPOTrainer(GRPOTrainer):
         agent = loading.prepare_agent(args, kwargs, model, processing_class, peft_config)
         model, self._base_model, processing_class, peft_config = agent
         use_agent_engine_seeds()  # each agent's vLLM engines sample with their own seeds
-        super().__init__(
-            model=model,
-            reward_funcs=reward_funcs,
-            args=args,
-            train_dataset=exchange.with_prompt_ids(train_dataset),
-            eval_dataset=exchange.with_prompt_ids(eval_dataset),
-            processing_class=processing_class,
-            peft_config=peft_config,
-            **kwargs,
-        )
+        train_dataset, eval_dataset = exchange.with_prompt_ids(train_dataset), exchange.with_prompt_ids(eval_dataset)
+        kwargs.update(train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=processing_class)
+        super().__init__(model=model, reward_funcs=reward_funcs, args=args, peft_config=peft_config, **kwargs)
         self.agent, self.agent_names = args.agent_spec.name, [s.name for s in args.specs]
         if args.share_rollouts and self.aux_loss_enabled:
             raise ValueError(loading.moe_loss_message(self.agent, type(self.model).__name__, self.router_aux_loss_coef))
         self.topology = current_topology()
         self.exchange = exchange.Exchange(self.topology)
-        client = getattr(getattr(self, "vllm_generation", None), "vllm_client", None)
-        if client is not None:  # vLLM server mode: TRL closes it at `atexit`, which our hard exit skips
-            at_exit(client.close_communicator)
-        self.capability = CapabilityTracker(
-            self.agent_names, window=args.capability_window, metric=args.capability_metric
-        )
+        if (client := getattr(getattr(self, "vllm_generation", None), "vllm_client", None)) is not None:
+            at_exit(client.close_communicator)  # vLLM server mode: TRL closes it at `atexit`, which our hard exit skips
+        self.capability = CapabilityTracker(self.agent_names, args.capability_window, metric=args.capability_metric)
         self.hacpo_loss_config, self.sharing = args.loss_config(), args.sharing_settings()
-        self._captured: dict[str, Any] = {}
-        self._prepare_seconds = 0.0
+        self._captured, self._prepare_seconds, self._warned_no_reward = {}, 0.0, False
         self._forward_pass, self._generation_forwards = "other", 0
         self._padding_sums: dict[str, dict[str, list[float]]] = {"train": {}, "eval": {}}
         self._trim_sides = padding.trim_sides(self.model.config)  # before any wrapping: which padding may go
         self._updates = schedule.UpdateState()  # what the update under way gathers
-        # public, for callbacks and `hacpo-probe`: every agent's rollouts of the last generation batch, and the peer
-        # rows this learner took from them (None: it learned from no one at that batch)
+        # public (callbacks, `hacpo-probe`): every agent's records of the last generation batch, the peer rows taken
         self.last_records: list[RolloutBatch] = []
         self.last_peer_rows: peer_rows.PeerRows | None = None
         self.add_callback(metrics.OptimizerTimer(self))
@@ -113,15 +91,13 @@ class HACPOTrainer(GRPOTrainer):
         self._plan: schedule.BatchPlan = self._plan_for(0, peers=True, rescue_only=False)
 
     def _one_update(self, steps: int) -> bool:
-        """Whether a generation batch cut into ``steps`` micro-batches serves one update (without vLLM importance
-        weights): TRL then computes no old log-probs, and the ratio is 1 exactly."""
+        """Whether ``steps`` micro-batches per generation batch make one update: TRL then computes no old log-probs."""
         vllm_weights = self.use_vllm and self.vllm_importance_sampling_correction
         return schedule.self_on_policy(self.args.gradient_accumulation_steps, steps * self.num_iterations, vllm_weights)
 
     @property
     def _generate_every(self) -> int:
-        """Micro-batches per generation batch (TRL's `steps_per_generation` × `num_iterations`), as TRL's `_step`
-        counts them."""
+        """Micro-batches per generation batch (`steps_per_generation` × `num_iterations`), as `_step` counts them."""
         return self.args.steps_per_generation * self.num_iterations
 
     def _solo_steps(self) -> int:
@@ -136,8 +112,6 @@ class HACPOTrainer(GRPOTrainer):
     def _log(self, mode: str, values: dict[str, float]) -> None:
         for key, value in values.items():
             self._metrics[mode][key].append(value)
-
-    # ------------------------------------------------------------------- where the time goes (hacpo/time/*)
 
     @contextmanager
     def _timed(self, name: str):
@@ -162,14 +136,11 @@ class HACPOTrainer(GRPOTrainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
-        for key, value in metrics.padding_metrics(self._padding_sums[mode]).items():
-            self._metrics[mode][key] = [value]
+        self._metrics[mode].update({k: [v] for k, v in metrics.padding_metrics(self._padding_sums[mode]).items()})
         self._padding_sums[mode] = {}
         if mode == "train" and "loss" in logs and self._solo_steps() != self.args.steps_per_generation:
             updates.log_skipped_updates(logs, self._updates)
         super().log(logs, start_time)
-
-    # ------------------------------------------------------------------------------------------------ forwards
 
     @contextmanager
     def _pass(self, name: str):
@@ -180,47 +151,32 @@ class HACPOTrainer(GRPOTrainer):
         finally:
             self._forward_pass = outer
 
-    def _pass_name(self) -> str:
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, **flags
+    ):
+        """TRL's forward at each chunk's own width (:func:`hacpo_trl.padding.forward_at_width`), counting tokens
+        processed and real; multimodal inputs (in ``flags``) and ``trim_padding=False`` keep TRL's padded forward."""
         name = self._forward_pass
         if name == "generation":  # inside TRL's step: its old log-probs (when it computes them), then the reference
             trl_old = not self._one_update(self.args.steps_per_generation)
             name = "old_logps" if trl_old and self._generation_forwards == 0 else "ref_logps"
             self._generation_forwards += 1
-        return name
-
-    def _get_per_token_logps_and_entropies(
-        self,
-        model,
-        input_ids,
-        attention_mask,
-        logits_to_keep,
-        batch_size=None,
-        compute_entropy=False,
-        compute_aux_loss=False,
-        **extra,
-    ):
-        """TRL's forward at each chunk's own width (:func:`hacpo_trl.padding.forward_at_width`); multimodal inputs and
-        ``trim_padding=False`` keep TRL's padded forward. Counts tokens processed and real (``padding_ratio``)."""
-        name = self._forward_name = self._pass_name()
-        if name in _OWN_ROW_PASSES and self.model.training:
+        self._forward_name = name
+        if name in ("old_logps", "ref_logps") and self.model.training:  # TRL's no-gradient passes over own rows:
             # in a solo batch's chunks, as GSPO (a chunk's shape can change the last bits on a GPU): a learner gated
             # off trains bit for bit as GSPO; with peers its own rows' log-probs differ by float rounding only
             rows, solo, size = len(input_ids), self._solo_steps(), self.args.per_device_train_batch_size
             batch_size = schedule.own_rows_chunk(rows, solo, size)
-        trim = self.args.trim_padding and all(v is None for v in extra.values())
-        flags = {"compute_entropy": compute_entropy, "compute_aux_loss": compute_aux_loss, **extra}
+        multimodal = any(v is not None for k, v in flags.items() if not k.startswith("compute_"))
         forward = functools.partial(super()._get_per_token_logps_and_entropies, model, **flags)
-        sides = self._trim_sides if trim else (False, False)
-        size = batch_size or len(input_ids)
-        out, processed = padding.forward_at_width(forward, input_ids, attention_mask, logits_to_keep, size, sides)
+        sides = self._trim_sides if self.args.trim_padding and not multimodal else (False, False)
+        out, processed = padding.forward_at_width(forward, input_ids, attention_mask, logits_to_keep, batch_size, sides)
         sums = self._padding_sums["train" if self.model.training else "eval"].setdefault(name, [0, 0])
-        sums[0] += processed
-        sums[1] += int(attention_mask.sum())
+        sums[0], sums[1] = sums[0] + processed, sums[1] + int(attention_mask.sum())
         return out
 
     def _row_logps(self, model, inputs, rows, batch_size: int | None = None) -> torch.Tensor:
-        """Per-token log-probs of the completions of some rows of a batch (all columns kept, so every row is
-        computed exactly as in the full batch)."""
+        """Per-token log-probs of some rows' completions, all columns kept: each row as in the full batch."""
         ids = torch.cat([inputs["prompt_ids"][rows], inputs["completion_ids"][rows]], dim=1)
         mask = torch.cat([inputs["prompt_mask"][rows], inputs["completion_mask"][rows]], dim=1)
         keep = inputs["completion_ids"].size(1)
@@ -234,29 +190,22 @@ class HACPOTrainer(GRPOTrainer):
 
     @torch.no_grad()
     def _own_old_logps(self, batch: dict) -> torch.Tensor:
-        """The old per-token log-probs of this process's completions: TRL's when it computed them, else ours. Ours
-        leave the RNG as they found it (a model with dropout would draw from it), so that generation afterwards
-        samples as in TRL's own run: an agent that learns from no one stays exactly GSPO."""
+        """The old per-token log-probs of this process's completions: TRL's when it computed them, else ours, which
+        leave the RNG as they found it (dropout draws from it): an agent that learns from no one stays exactly GSPO."""
         if "old_per_token_logps" in batch:
             return batch["old_per_token_logps"]
         with self._timed("old_logps"), self._pass("old_logps"), self._rng_kept():
-            # chunks of `per_device_train_batch_size` rows; in training, `schedule.own_rows_chunk`'s
             return self._row_logps(self.model, batch, slice(None), self.args.per_device_train_batch_size)
-
-    # ------------------------------------------------------------------------------- collectives over the ranks
 
     def _summed(self, values: torch.Tensor) -> list:
         """This rank's vector of ``values`` summed over the agent's ranks (a collective)."""
         return self.accelerator.gather(values).view(-1, values.numel()).sum(0).tolist()
 
     def _on_any_rank(self, flag: bool) -> bool:
-        """Whether ``flag`` holds on any rank of this agent (a collective: every rank of the agent must call it)."""
+        """Whether ``flag`` holds on any rank of this agent (a collective)."""
         if self.accelerator.num_processes == 1:
             return flag
-        value = torch.tensor([int(flag)], device=self.accelerator.device)
-        return bool(self.accelerator.gather(value).max())
-
-    # --------------------------------------------------------------------------------------- the generation batch
+        return self._summed(torch.tensor([int(flag)], device=self.accelerator.device))[0] > 0
 
     def _generate_and_score_completions(self, inputs):
         with self._pass("generation"):
@@ -293,9 +242,7 @@ class HACPOTrainer(GRPOTrainer):
         if decision.solo:  # learns from no one at this batch: GSPO's own batch (its records were still shared)
             self._log(mode, metrics.peer_row_metrics([0, 0, 0, 0]))
             if self._one_update(self._solo_steps()):
-                # GSPO with the solo schedule makes one update of the batch and computes no old log-probs (its ratio
-                # is 1 exactly); TRL computed them for the sharing schedule, and a forward of another shape can
-                # differ in the last bits on a GPU
+                # as GSPO on the solo schedule (none: ratio 1 exactly; another shape can change the last bits)
                 batch.pop("old_per_token_logps", None)
             return self._own_rows_only(batch)
         # a batch whose peer rows are rescued ones only is cut into the micro-batches of a batch learned from no one
@@ -312,8 +259,7 @@ class HACPOTrainer(GRPOTrainer):
         return batch
 
     def _exchange_capabilities(self, rewards: torch.Tensor) -> None:
-        """Without sharing, agents still exchange rewards so every log shows every agent's capability (and so they
-        also wait for each other once per generation batch: logged as with sharing)."""
+        """Without sharing, agents still exchange rewards, so every log shows every agent's capability."""
         rank, step = self.topology.global_rank, self.state.global_step
         record = RolloutBatch(self.agent, rank, step, [""] * len(rewards), rewards=rewards.tolist())
         start = time.perf_counter()
@@ -323,54 +269,42 @@ class HACPOTrainer(GRPOTrainer):
 
     def _update_capability(self, records: list[RolloutBatch], mode: str) -> dict[str, list[RolloutBatch]]:
         step_rewards = exchange.rewards_by_agent(records, self.agent_names)
-        if not getattr(self, "_warned_no_reward", False) and (
-            text := no_reward_warning(step_rewards, self.reward_func_names)
-        ):
+        if not self._warned_no_reward and (text := no_reward_warning(step_rewards, self.reward_func_names)):
             self._warned_no_reward = True  # once per run
             warnings.warn(text, stacklevel=1)
         self.capability.update(step_rewards)
         low, high = self.args.capability_ratio_min, self.args.capability_ratio_max
-        omegas = {a: self.capability.omega(a, self.agent, low, high) for a in self.agent_names if a != self.agent}
-        self._log(mode, metrics.capability_metrics(self.capability.capabilities(), step_rewards, omegas))
+        self._log(mode, metrics.capability_step_metrics(self.capability, self.agent, step_rewards, low, high))
         return {agent: [r for r in records if r.agent == agent] for agent in dict.fromkeys(r.agent for r in records)}
 
     def _sharing_decision(self, records=()) -> PeerDecision:
-        """Whom this learner learns from at this batch (:func:`hacpo_trl.sharing.decide`), before the band gate: the
-        capability gate counts the generation batches before this one; every rank of the agent decides alike."""
+        """Whom the learner learns from at this batch before the band gate (:func:`hacpo_trl.sharing.decide`)."""
         step, ga = self.state.global_step, self.args.gradient_accumulation_steps
         seen = schedule.batches_seen(step, self._step, ga, self._generate_every)
         caps, rows, training = self.capability.capabilities(), self.capability.rows(), self.model.training
         return decide(self.sharing, self.agent, self.agent_names, caps, rows, seen, step, records, training)
 
     def _peer_rows(self, prompt_ids, rewards, by_agent, peers, only=None, weight=1.0, taught=()) -> peer_rows.PeerRows:
-        """The learner's peer rows from ``peers`` (:func:`~hacpo_trl.peer_rows.build_peer_rows`): only the learner's
-        and these peers' records enter, their rewards included (the baseline)."""
-        by_agent = {agent: by_agent[agent] for agent in (self.agent, *peers) if agent in by_agent}
-        records = [r for agent_records in by_agent.values() for r in agent_records]
-        learners_view = [a for a in self.agent_names if a in by_agent]  # the learner and the peers it learns from
-        caps, tok = self.capability.capabilities(), self._tokenizer
-        args = (self.agent, learners_view, caps, self.args, tok, weight, only)
+        """The learner's peer rows from ``peers`` (:func:`hacpo_trl.peer_rows.build_peer_rows`)."""
+        records, view = peer_rows.learner_records(by_agent, self.agent, self.agent_names, peers)
+        args = (self.agent, view, self.capability.capabilities(), self.args, self._tokenizer, weight, only)
         return peer_rows.build_peer_rows(prompt_ids, rewards, records, *args, taught=taught)
 
     @torch.no_grad()
     def _peers_in_band(self, batch: dict, rows: peer_rows.PeerRows, prompt_ids, peers: list[str]) -> dict[str, int]:
-        """How many of each peer's valid rows lie in the band [lb_0, 1] under the learner now, summed over the agent's
-        ranks (a collective). Every rank runs the forwards the rank with the most rows needs
-        (:func:`hacpo_trl.peer_loss.band_ratios`), leaving the RNG as it was: a learner whose peers all close
-        generates and trains exactly as GSPO."""
+        """Each peer's valid rows in the band [lb_0, 1] now, summed over the agent's ranks (a collective: as many
+        forwards on every rank, :func:`hacpo_trl.peer_loss.band_ratios`); the RNG left as it was: GSPO if all close."""
         trial = self._with_peer_rows(dict(batch), rows, prompt_ids)
         index, size = peer_loss.band_order(trial), max(1, self.args.per_device_train_batch_size)
         most = int(self.accelerator.gather(torch.tensor([len(index)], device=self.accelerator.device)).max())
-        cfg, forwards = self.hacpo_loss_config, max(1, math.ceil(most / size))
         with self._pass("band_gate"), self._rng_kept():
             score = functools.partial(self._row_logps, self.model, trial)
-            ratio = peer_loss.band_ratios(trial, index, score, size, forwards, cfg)
-        local = torch.tensor(peer_loss.band_counts(ratio, rows, peers, cfg), device=self.accelerator.device)
-        return dict(zip(peers, self._summed(local), strict=True))
+            ratio = peer_loss.band_ratios(trial, index, score, size, most, self.hacpo_loss_config)
+        counts = peer_loss.band_counts(ratio, rows, peers, self.hacpo_loss_config)
+        return dict(zip(peers, self._summed(torch.tensor(counts, device=self.accelerator.device)), strict=True))
 
     def _with_peer_rows(self, batch: dict, rows: peer_rows.PeerRows, prompt_ids, steps: int | None = None) -> dict:
-        """TRL's batch with ``rows`` appended (:func:`~hacpo_trl.peer_rows.append_peer_rows`), padded to a whole
-        number of rows in each of ``steps`` micro-batches (default `steps_per_generation`)."""
+        """TRL's batch plus ``rows``, for ``steps`` micro-batches (:func:`hacpo_trl.peer_rows.append_peer_rows`)."""
         prompt_tokens = peer_rows.self_prompt_tokens(prompt_ids, batch["prompt_ids"], batch["prompt_mask"])
         steps, pad_id = steps or self.args.steps_per_generation, self._tokenizer.pad_token_id
         return peer_rows.append_peer_rows(batch, rows, prompt_tokens, prompt_ids, steps, pad_id)
@@ -387,8 +321,7 @@ class HACPOTrainer(GRPOTrainer):
         return batch
 
     def _prepare_inputs(self, generation_batch):
-        """TRL's buffering, but each generation batch cut as its plan says (:func:`hacpo_trl.peer_rows.micro_batches`):
-        self rows first, a solo batch's skipped micro-batches None."""
+        """TRL's buffering, each generation batch cut as its plan says (:func:`hacpo_trl.peer_rows.micro_batches`)."""
         with self._timed("prepare_inputs"):
             if not self.model.training:
                 return self._generate_and_score_completions(generation_batch)
@@ -397,16 +330,11 @@ class HACPOTrainer(GRPOTrainer):
                 self._buffered_inputs = peer_rows.micro_batches(batch, self._plan, self.args)
             return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
-    # ------------------------------------------------------------------------------------------ loss and step
-
     def _clipped_peer_rows(self, model, inputs, update_index: int):
-        """Peer rows whose ratio is outside the band now (:func:`hacpo_trl.peer_loss.score_peer_rows`): they need no
-        backward pass. None when nothing can be left out. Whether the scoring forward runs is decided by all of the
-        agent's ranks together (under FSDP or ZeRO-3 a forward is a collective, and ranks can hold different numbers
-        of peer rows): if any rank has a peer row, every rank runs it, a rank with none scoring one row and dropping
-        it. A per-rank decision deadlocks or crashes the agent's world."""
-        cfg = self.hacpo_loss_config
-        candidates = inputs["hacpo_is_peer"] & inputs["hacpo_valid"]
+        """Peer rows outside the band now, which need no backward pass (:func:`hacpo_trl.peer_loss.score_peer_rows`).
+        Under FSDP or ZeRO-3 a forward is a collective, so the agent's ranks decide together: if any has a peer row,
+        all run the scoring forward (a rank with none scores one row and drops it); apart, they would deadlock."""
+        cfg, candidates = self.hacpo_loss_config, inputs["hacpo_is_peer"] & inputs["hacpo_valid"]
         if cfg.naive or not cfg.peer_clipping or not self.args.skip_clipped_peer_backward:
             return None
         if not self._on_any_rank(bool(candidates.any())):
@@ -420,51 +348,42 @@ class HACPOTrainer(GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         with self._pass("train"):
-            return self._hacpo_loss(model, inputs)
-
-    def _hacpo_loss(self, model, inputs):
-        mode = "train" if self.model.training else "eval"
-        if not self.args.share_rollouts or (mode == "train" and self._plan.solo):
-            # an independent baseline, or a learner with no peer row at this batch: TRL's own objective, untouched,
-            # so that it trains bit for bit as GSPO (hacpo_loss equals it only up to float rounding)
-            return super()._compute_loss(model, inputs)
-        ga = self.current_gradient_accumulation_steps
-        update_index = self._plan.update_index(self._step, ga) if mode == "train" else 0
-        clipped = self._clipped_peer_rows(model, inputs, update_index) if mode == "train" else None
-        keep = peer_loss.gradient_rows(inputs["hacpo_is_peer"], clipped)
-        if mode == "train" and self.sharing.skip_empty_updates:  # read by training_step at the end of the update
-            has_rows = self._on_any_rank(peer_loss.has_gradient_rows(inputs["hacpo_valid"], clipped))
-            self._updates.has_rows = bool(self._updates.has_rows) or has_rows
-        rows, logps = keep.nonzero().flatten(), self._row_logps(model, inputs, keep)
-        on_policy = self._self_on_policy or mode == "eval"
-        out = peer_loss.rows_loss(logps, inputs, rows, update_index, clipped, self.hacpo_loss_config, on_policy)
-        stats, peer_ratios = metrics.loss_row_sums(out, rows, inputs, clipped, int(keep.sum()))
-        self._log(mode, metrics.loss_metrics(self._summed(stats), out.lower_bound, out.kl))
-        if mode != "train":
-            return out.loss
-        self._collect_peer_ratios(peer_ratios, out.lower_bound)
-        return out.loss / ga
+            mode = "train" if self.model.training else "eval"
+            if not self.args.share_rollouts or (mode == "train" and self._plan.solo):
+                # a baseline, or a learner with no peer row at this batch: TRL's own objective, bit for bit GSPO
+                return super()._compute_loss(model, inputs)
+            ga = self.current_gradient_accumulation_steps
+            update_index = self._plan.update_index(self._step, ga) if mode == "train" else 0
+            clipped = self._clipped_peer_rows(model, inputs, update_index) if mode == "train" else None
+            keep = peer_loss.gradient_rows(inputs["hacpo_is_peer"], clipped)
+            if mode == "train" and self.sharing.skip_empty_updates:  # read by training_step at the end of the update
+                has_rows = self._on_any_rank(peer_loss.has_gradient_rows(inputs["hacpo_valid"], clipped))
+                self._updates.has_rows = bool(self._updates.has_rows) or has_rows
+            rows, logps = keep.nonzero().flatten(), self._row_logps(model, inputs, keep)
+            on_policy = self._self_on_policy or mode == "eval"
+            out = peer_loss.rows_loss(logps, inputs, rows, update_index, clipped, self.hacpo_loss_config, on_policy)
+            stats, peer_ratios = metrics.loss_row_sums(out, rows, inputs, clipped, int(keep.sum()))
+            self._log(mode, metrics.loss_metrics(self._summed(stats), out.lower_bound, out.kl))
+            if mode != "train":
+                return out.loss
+            self._collect_peer_ratios(peer_ratios, out.lower_bound)
+            return out.loss / ga
 
     def _collect_peer_ratios(self, ratios: torch.Tensor, lower_bound: float) -> None:
-        """Keep every peer row's ratio and bound over a generation batch; after its last update, log their summary
-        over the whole batch (all ranks of this agent: a collective)."""
-        from accelerate.utils import gather_object
-
+        """Keep each peer row's ratio and bound; after a generation batch's last update, log them (a collective)."""
         self._updates.peer_ratios += [(float(r), lower_bound) for r in ratios.tolist()]
         if (self._step + 1) % self._generate_every:
             return
-        rows = self._updates.peer_ratios
-        rows = gather_object(rows) if self.accelerator.num_processes > 1 else rows
-        self._updates.peer_ratios = []
-        self._log("train", metrics.peer_ratio_metrics(rows))
+        rows, self._updates.peer_ratios = self._updates.peer_ratios, []
+        self._log(
+            "train", metrics.peer_ratio_metrics(gather_object(rows) if self.accelerator.num_processes > 1 else rows)
+        )
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        # the batch's plan decides, not `model.training` (False after an evaluation until TRL's training_step sets
-        # it): a skipped micro-batch must never reach TRL's loss
+        # the batch's plan decides, not `model.training` (False after an evaluation): a skipped one never reaches TRL
         plan = self._plan
         if plan.skips(self._step):
-            # a solo batch's update beyond `solo_steps_per_generation`: no forward or backward, no gradient, so the
-            # optimizer step changes nothing (AdamW skips such parameters); every rank of the agent skips together
+            # beyond `solo_steps_per_generation`: no forward, no gradient, an optimizer step that changes nothing
             if plan.rescue_only and plan.ends_batch(self._step):
                 self._collect_peer_ratios(torch.zeros(0), 0.0)  # the batch's last micro-step: log its peer ratios
             model.train()  # as Trainer.training_step would: after an evaluation the logs must read as training's
@@ -481,22 +400,17 @@ class HACPOTrainer(GRPOTrainer):
                 model.zero_grad(set_to_none=True)  # no row of it had a gradient, on any rank: no optimizer step
                 self._update_without_gradients()
         exchange.end_startup()  # downloads, vLLM start-up and the first generation are behind every agent now
-        seconds = time.perf_counter() - start - self._prepare_seconds
-        self._metrics["train"]["hacpo/time/loss_and_backward"].append(seconds)
+        self._log("train", {"hacpo/time/loss_and_backward": time.perf_counter() - start - self._prepare_seconds})
         return loss
 
     def _update_without_gradients(self) -> None:
-        """A skipped update, or an empty one (`skip_empty_updates`), leaves every parameter without a gradient: its
-        optimizer step must change nothing (:func:`~hacpo_trl.updates.pause_for_no_gradients`)."""
+        """An update without gradients steps without change (:func:`hacpo_trl.updates.pause_for_no_gradients`)."""
         paused = updates.pause_for_no_gradients(self.accelerator.scaler, self.optimizer)
         if paused is not None:
             self._updates.paused_scaler = paused
 
-    # -------------------------------------------------------------------------------------- saving and resume
-
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
-        """As `Trainer.save_model`; the agent's final folder also gets the HACPO model card (TRL writes it only
-        into checkpoints and on push, so a saved agent would otherwise carry no card, or PEFT's blank one)."""
+        """As `Trainer.save_model`; the final folder gets the HACPO card too (TRL writes it in checkpoints, on push)."""
         super().save_model(output_dir, _internal_call)
         final = os.path.abspath(output_dir or self.args.output_dir) == os.path.abspath(self.args.output_dir)
         if final and not _internal_call:
@@ -511,14 +425,10 @@ class HACPOTrainer(GRPOTrainer):
             complete_card(self.args, self.agent, self._base_model, history, step, model_id or self.args.output_dir)
 
     def _save_checkpoint(self, model, trial):
-        """TRL's checkpoint, then the capability tracker written last and atomically: a folder without it was
-        interrupted while saving and is never resumed from. ``save_total_limit`` is applied only once every agent
-        has completed this step's checkpoint: a crash while any agent saves leaves all the previous step."""
-        limit, self.args.save_total_limit = self.args.save_total_limit, None
-        try:
+        """TRL's checkpoint, then the capability tracker written last (:mod:`hacpo_trl.checkpoints`); old ones are
+        pruned only once every agent saved this step, so a crash while saving leaves all the previous step."""
+        with checkpoints.deferred_limit(self.args) as limit:  # applied below, once every agent has saved
             super()._save_checkpoint(model, trial)
-        finally:
-            self.args.save_total_limit = limit
         self.accelerator.wait_for_everyone()  # every rank's RNG state is on disk before the folder counts as done
         run_dir = self._get_output_dir(trial=trial)
         if self.args.should_save:
@@ -528,15 +438,12 @@ class HACPOTrainer(GRPOTrainer):
             checkpoints.prune_checkpoints(run_dir, limit, keep=self.state.best_model_checkpoint)
 
     def train(self, resume_from_checkpoint=None, **kwargs):
-        """As `Trainer.train`; ``resume_from_checkpoint=True`` resumes every agent from the newest step that all
-        agents saved completely (a checkpoint interrupted while saving is skipped, never loaded)."""
+        """As `Trainer.train`; ``resume_from_checkpoint=True``: from the newest step every agent saved completely."""
         complete = checkpoints.complete_checkpoints(self.args.output_dir)
         report = (self.agent, self.accelerator.process_index == 0, sorted(complete), resume_from_checkpoint)
         everyone = self.exchange.all_gather(report, what="checkpoints to resume from")
         where = (self.agent, complete, everyone, self.topology.describe_rank)
         checkpoint = checkpoints.chosen_checkpoint(resume_from_checkpoint, *where)
-        state = checkpoints.read_state(checkpoint, self.agent) if checkpoint else {"global_step": 0}
-        if checkpoint:
-            self.capability.load_state_dict(state["capability"])
-        checkpoints.check_same_start(self.exchange.all_gather((self.agent, state["global_step"]), what="resume steps"))
+        step = checkpoints.restore_state(checkpoint, self.agent, self.capability)
+        checkpoints.check_same_start(self.exchange.all_gather((self.agent, step), what="resume steps"))
         return super().train(resume_from_checkpoint=checkpoint, **kwargs)
