@@ -1,7 +1,8 @@
 """The HACPO section of an agent's model card: a pure function of its settings, peers and log history.
 
-TRL writes the card (front matter, base model, citation); :class:`~hacpo_trl.trainer.HACPOTrainer` appends this
-section so a saved agent says what a HACPO agent needs to be understood: its peers, the recipe and final metrics.
+TRL writes the card (front matter, base model, citation); :func:`complete_card` fills in the names TRL's template
+leaves as ``None`` and appends this section, so a saved agent says what a HACPO agent needs to be understood: its
+peers, the recipe and final metrics.
 """
 
 from __future__ import annotations
