@@ -375,12 +375,11 @@ class HACPOTrainer(GRPOTrainer):
         if (self._step + 1) % self._generate_every:
             return
         rows, self._updates.peer_ratios = self._updates.peer_ratios, []
-        self._log(
-            "train", metrics.peer_ratio_metrics(gather_object(rows) if self.accelerator.num_processes > 1 else rows)
-        )
+        rows = gather_object(rows) if self.accelerator.num_processes > 1 else rows
+        self._log("train", metrics.peer_ratio_metrics(rows))
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        # the batch's plan decides, not `model.training` (False after an evaluation): a skipped one never reaches TRL
+        # the batch's plan decides, not `model.training` (False after an evaluation): skipped ones never reach TRL
         plan = self._plan
         if plan.skips(self._step):
             # beyond `solo_steps_per_generation`: no forward, no gradient, an optimizer step that changes nothing
@@ -404,7 +403,7 @@ class HACPOTrainer(GRPOTrainer):
         return loss
 
     def _update_without_gradients(self) -> None:
-        """An update without gradients steps without change (:func:`hacpo_trl.updates.pause_for_no_gradients`)."""
+        """A skipped or empty update: its step changes nothing (:func:`hacpo_trl.updates.pause_for_no_gradients`)."""
         paused = updates.pause_for_no_gradients(self.accelerator.scaler, self.optimizer)
         if paused is not None:
             self._updates.paused_scaler = paused
