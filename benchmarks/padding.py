@@ -101,7 +101,7 @@ def step(t: HACPOTrainer, own: dict, both: dict, batch_size: int, ga: int, optim
     """One generation batch's forwards and backwards, in the trainer's order."""
     m = t.model
     if t.args.group_by_length:
-        both = t._group_by_length(both, t.args.steps_per_generation)
+        both = padding.group_by_length(both, t.args.steps_per_generation, ga, t.args.share_rollouts)
     t._own_old_logps(own)
     ids = torch.cat([own["prompt_ids"], own["completion_ids"]], 1)
     mask = torch.cat([own["prompt_mask"], own["completion_mask"]], 1)

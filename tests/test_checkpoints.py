@@ -88,3 +88,40 @@ def test_agents_must_start_from_one_step():
     check_same_start([("A", 0), ("B", 0)])
     with pytest.raises(ValueError, match=r"agents would resume from different steps: \[\('A', 2\), \('B', 4\)\]"):
         check_same_start([("A", 2), ("A", 2), ("B", 4)])
+
+
+def test_save_state_completes_a_step_and_resume_from_checkpoint_is_read(tmp_path):
+    from hacpo_trl.checkpoints import chosen_checkpoint, save_state
+
+    (tmp_path / "checkpoint-4").mkdir()
+    save_state(str(tmp_path), "A", 4, {"steps": 4})
+    assert complete_checkpoints(str(tmp_path)) == {4: str(tmp_path / "checkpoint-4")}
+    assert read_state(str(tmp_path / "checkpoint-4"), "A") == {
+        "agent": "A",
+        "global_step": 4,
+        "capability": {"steps": 4},
+    }
+    complete, everyone = {2: "a/2", 4: "a/4"}, [("A", True, [2, 4], True), ("B", True, [2], True)]
+    for requested, expected in ((True, "a/2"), ("last", "a/2"), ("a/4", "a/4"), (None, None), (False, None)):
+        assert chosen_checkpoint(requested, "A", complete, everyone, describe) == expected, requested
+
+
+def test_restore_state_and_the_deferred_save_total_limit(tmp_path):
+    from types import SimpleNamespace
+
+    from hacpo_trl.algorithm import CapabilityTracker
+    from hacpo_trl.checkpoints import deferred_limit, restore_state, save_state
+
+    saved = CapabilityTracker(["A", "B"])
+    saved.update({"A": [1, 0], "B": [1, 1]})
+    (tmp_path / "checkpoint-6").mkdir()
+    save_state(str(tmp_path), "A", 6, saved.state_dict())
+    fresh = CapabilityTracker(["A", "B"])
+    assert restore_state(str(tmp_path / "checkpoint-6"), "A", fresh) == 6
+    assert fresh.capabilities() == saved.capabilities() != CapabilityTracker(["A", "B"]).capabilities()
+    assert restore_state(None, "A", fresh) == 0
+    args = SimpleNamespace(save_total_limit=3)
+    with pytest.raises(RuntimeError), deferred_limit(args) as limit:
+        assert (limit, args.save_total_limit) == (3, None)  # TRL's save deletes nothing
+        raise RuntimeError("interrupted")
+    assert args.save_total_limit == 3

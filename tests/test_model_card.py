@@ -113,3 +113,26 @@ def test_a_cache_folder_is_named_as_the_builtin_the_user_wrote(tmp_path, monkeyp
     assert builtin_name(str(tmp_path / "smollm2-135m-instruct-89bf2d7341")) == "builtin:smollm2-135m-instruct"
     assert builtin_name(str(tmp_path / "elsewhere" / "trace-small-05d8365ca4")) is None
     assert builtin_name("outputs/my-model") is None and builtin_name(None) is None
+
+
+def test_complete_card_names_the_base_as_written_and_appends_the_section(tmp_path, monkeypatch):
+    """TRL's card of a local model: the agent, the base (the recipe's name, else `builtin:<name>` for a cache folder)
+    and the saved folder fill its `None`s; the HACPO section follows. Without TRL's card nothing is written."""
+    from hacpo_trl.model_card import complete_card
+
+    monkeypatch.setenv("HACPO_CACHE", str(tmp_path / "cache"))
+    trl_card = "# Model Card for None\n\nA fine-tuned version of [None](https://huggingface.co/None).\n"
+    s = _settings()
+    s.output_dir = str(tmp_path / "out")
+    for written, expected in ((None, "`builtin:trace-small`"), ("./models/small", "`./models/small`")):
+        s.agent_spec = AgentSpec(name="small", model_name_or_path=written)
+        (tmp_path / "out").mkdir(exist_ok=True)
+        (tmp_path / "out" / "README.md").write_text(trl_card)
+        complete_card(s, "small", str(tmp_path / "cache" / "trace-small-05d8365ca4"), [], 3, "me/small")
+        text = (tmp_path / "out" / "README.md").read_text()
+        head, section = text.split("\n\n## HACPO\n\n")
+        assert head == f"# Model Card for small\n\nA fine-tuned version of {expected}.\n"
+        assert f"Base model: {expected}." in section and "None" not in text
+    (tmp_path / "out" / "README.md").unlink()
+    complete_card(s, "small", None, [], 3, "me/small")
+    assert not (tmp_path / "out" / "README.md").exists()

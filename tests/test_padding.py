@@ -288,3 +288,29 @@ def test_group_by_length_refused_where_weights_depend_on_the_micro_batch(tmp_pat
         with pytest.raises(ValueError, match=r"`group_by_length` .* entropy_coef"):
             HACPOConfig(output_dir=str(tmp_path), share_rollouts=False, group_by_length=True, **bonus, **cpu)
     HACPOConfig(output_dir=str(tmp_path), share_rollouts=False, group_by_length=True, **cpu)  # GSPO's loss: allowed
+
+
+def test_group_by_length_cuts_a_batch_within_updates_and_weights():
+    """A batch of 4 two-row micro-batches, 2 per update: self rows of lengths 9, 1 | 5, 2, then (peer 7, self 3) |
+    (peer 4, self 8). With HACPO's loss peers and selves are dealt back apart; with TRL's every row weighs alike, so
+    the second update is sorted whole; with one update of 4 micro-batches the whole batch is. Other values pass."""
+    lengths = torch.tensor([9, 1, 5, 2, 7, 3, 4, 8])
+    is_peer = torch.tensor([False] * 4 + [True, False, True, False])
+    batch = {
+        "prompt_mask": torch.ones(8, 1, dtype=torch.long),
+        "completion_mask": (torch.arange(9) < (lengths - 1)[:, None]).long(),
+        "completion_ids": torch.arange(8)[:, None].expand(8, 9),
+        "hacpo_is_peer": is_peer,
+        "hacpo_valid": torch.ones(8, dtype=torch.bool),
+        "num_items_in_batch": torch.tensor(8),
+    }
+
+    def grouped(ga, hacpo):
+        out = padding.group_by_length(batch, steps=4, gradient_accumulation_steps=ga, hacpo=hacpo)
+        assert out["num_items_in_batch"] is batch["num_items_in_batch"]
+        assert torch.equal(out["hacpo_is_peer"], is_peer[out["completion_ids"][:, 0]])  # rows move whole
+        return lengths[out["completion_ids"][:, 0]].tolist()
+
+    assert grouped(2, hacpo=True) == [1, 2, 5, 9, 4, 3, 7, 8]
+    assert grouped(2, hacpo=False) == [1, 2, 5, 9, 3, 4, 7, 8]
+    assert grouped(4, hacpo=False) == [1, 2, 3, 4, 5, 7, 8, 9]

@@ -207,3 +207,38 @@ def test_a_taught_row_below_the_floor_gets_no_gradient_one_above_keeps_its_weigh
     out = rows_loss(logps, inputs, every, 0, None, config)
     out.loss.backward()
     torch.testing.assert_close(logps.grad[2], torch.full((2,), -0.55 / 2 / 3))
+
+
+def test_band_gate_scores_peer_rows_by_length_in_as_many_forwards_as_the_busiest_rank():
+    """Rows 0-1 self, 2-4 valid peer rows of 3, 1 and 2 completion tokens, 5 an invalid one. By length: 3, 4, 2. Two
+    rows per forward and 5 rows on the busiest rank: 3 forwards, the last scoring row 0 for nothing. Every token
+    log-prob is -1, so a row's ratio s is exp(-1 - old mean log-prob); B's rows at 0.9 and 1.5, C's at 0.7."""
+    from types import SimpleNamespace
+
+    from hacpo_trl.peer_loss import band_counts, band_order, band_ratios
+
+    lengths, ratios = [2, 2, 3, 1, 2, 2], [1.0, 1.0, 0.9, 1.5, 0.7, 1.0]
+    batch = {
+        "prompt_mask": torch.ones(6, 1, dtype=torch.long),
+        "completion_mask": (torch.arange(3) < torch.tensor(lengths)[:, None]).long(),
+        "hacpo_is_peer": torch.tensor([False, False, True, True, True, True]),
+        "hacpo_valid": torch.tensor([True, True, True, True, True, False]),
+        "hacpo_old_mean_logp": torch.tensor([-1.0 - math.log(s) for s in ratios]),
+        "hacpo_old_len": torch.tensor(lengths),
+    }
+    index = band_order(batch)
+    assert index.tolist() == [3, 4, 2]
+    scored = []
+
+    def score(rows):
+        scored.append(rows.nonzero().flatten().tolist())
+        return torch.full((int(rows.sum()), 3), -1.0)
+
+    ratio = band_ratios(batch, index, score, size=2, most=5, config=HACPOLossConfig())
+    assert scored == [[3, 4], [2], [0]]
+    torch.testing.assert_close(ratio, torch.tensor([0.9, 1.5, 0.7]))
+    rows = SimpleNamespace(sources=["B", "B", "C", "C"], valid=[True, True, True, False])  # the appended peer rows
+    assert band_counts(ratio, rows, ["B", "C"], HACPOLossConfig()) == [1, 0]  # only 0.9 is in [0.8, 1]
+    no_peers = {**batch, "hacpo_valid": torch.tensor([True, True, False, False, False, False])}
+    assert band_ratios(no_peers, band_order(no_peers), score, size=2, most=3, config=HACPOLossConfig()).numel() == 0
+    assert scored[3:] == [[0], [0]]  # a rank with no peer row still runs the busiest rank's 2 forwards

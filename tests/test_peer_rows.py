@@ -171,3 +171,18 @@ def test_nothing_to_append_keeps_trls_tensors():
     for key in ("prompt_ids", "completion_ids", "completion_mask", "ref_per_token_logps", "hacpo_valid"):
         assert torch.equal(out[key], before[key])
     torch.testing.assert_close(out["advantages"], empty.self_advantages)
+
+
+def test_learner_records_keep_the_learner_and_its_peers_only():
+    """Learner A learns from C alone: B's records stay out (their rewards too), records in exchange order, the
+    learner's view in launch order."""
+    from hacpo_trl.peer_rows import learner_records
+
+    def rec(agent, rank):
+        return RolloutBatch(agent, rank, 0, ["p0"], ["x"], [1.0], [-1.0], [1], [True])
+
+    by_agent = {"C": [rec("C", 2)], "A": [rec("A", 0), rec("A", 3)], "B": [rec("B", 1)]}
+    records, view = learner_records(by_agent, "A", ["A", "B", "C"], ["C"])
+    assert [(r.agent, r.global_rank) for r in records] == [("A", 0), ("A", 3), ("C", 2)]
+    assert view == ["A", "C"]
+    assert learner_records(by_agent, "A", ["A", "B", "C"], ["D"])[1] == ["A"]  # a peer without records adds nothing

@@ -14,16 +14,21 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 __all__ = [
     "STATE_FILE",
     "check_same_start",
+    "chosen_checkpoint",
     "complete_checkpoints",
+    "deferred_limit",
     "prune_checkpoints",
     "read_state",
+    "restore_state",
     "resume_checkpoint",
+    "save_state",
     "write_state",
 ]
 
@@ -121,3 +126,41 @@ def check_same_start(starts: Sequence[tuple[str, int]]) -> None:
     """Every process's ``(agent, step)`` it resumes from (0: from scratch) must name one step."""
     if len({s for _, s in starts}) > 1:
         raise ValueError(f"agents would resume from different steps: {sorted(set(starts))}; resume them together")
+
+
+def save_state(run_dir: str, agent: str, global_step: int, capability: dict) -> None:
+    """Mark ``checkpoint-<global_step>`` of ``run_dir`` complete: its ``hacpo_state.json`` (the agent, the step and
+    the capability tracker's state), written once the rest of the folder is on disk."""
+    folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{global_step}")
+    write_state(folder, {"agent": agent, "global_step": global_step, "capability": capability})
+
+
+def chosen_checkpoint(
+    requested, agent: str, complete: dict[int, str], everyone: Sequence[tuple], describe_rank: Callable[[int], str]
+) -> str | None:
+    """The checkpoint `resume_from_checkpoint` (``requested``) names: with True or ``"last"`` the newest step every
+    agent saved completely (:func:`resume_checkpoint`), else the path given; None: training starts afresh."""
+    if requested is True or requested == "last":
+        return resume_checkpoint(agent, complete, everyone, describe_rank)
+    return requested or None
+
+
+@contextmanager
+def deferred_limit(args):
+    """While TRL saves a checkpoint, ``args.save_total_limit`` is None, so TRL deletes nothing; yields the limit, to
+    apply with :func:`prune_checkpoints` once every agent has saved the step (restored after, whatever happens)."""
+    limit, args.save_total_limit = args.save_total_limit, None
+    try:
+        yield limit
+    finally:
+        args.save_total_limit = limit
+
+
+def restore_state(checkpoint: str | None, agent: str, capability) -> int:
+    """Load ``checkpoint``'s capability tracker state into ``capability``; the step it resumes from (0: no checkpoint,
+    training starts afresh)."""
+    if not checkpoint:
+        return 0
+    state = read_state(checkpoint, agent)
+    capability.load_state_dict(state["capability"])
+    return state["global_step"]

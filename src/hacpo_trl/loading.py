@@ -11,6 +11,7 @@ __all__ = [
     "check_supported",
     "check_trainable_precision",
     "moe_loss_message",
+    "prepare_agent",
     "resolve_agent",
 ]
 
@@ -45,6 +46,18 @@ def moe_loss_message(agent: str, model_class: str, router_aux_loss_coef: float) 
         f"router load-balancing loss (router_aux_loss_coef={router_aux_loss_coef}), but HACPO's loss "
         "does not add it. Set `router_aux_loss_coef: 0.0`, or `share_rollouts: false` for TRL's own loss."
     )
+
+
+def prepare_agent(args, kwargs: dict, model=None, processing_class=None, peft_config=None):
+    """What `HACPOTrainer` hands TRL, checked before anything loads: :func:`check_supported`, then
+    :func:`resolve_agent`'s ``(model, base_model, processing_class, peft_config)`` for ``args.agent_spec``, refused by
+    :func:`check_trainable_precision` where it could not learn."""
+    check_supported(args, kwargs)
+    model, base_model, processing_class, peft_config = resolve_agent(
+        args.agent_spec, model, processing_class, peft_config
+    )
+    check_trainable_precision(args, model, peft_config, args.agent_spec.name)
+    return model, base_model, processing_class, peft_config
 
 
 def resolve_agent(spec, model=None, processing_class=None, peft_config=None):

@@ -13,16 +13,19 @@ from transformers import TrainerCallback
 
 from .algorithm import peer_ratio_stats
 from .padding import padding_ratio
+from .peer_loss import batch_row_flags
 from .sharing import gate_evidence
 
 __all__ = [
     "LOSS_SUMS",
     "OptimizerTimer",
     "capability_metrics",
+    "capability_step_metrics",
     "exchange_metrics",
     "gate_evidence_metrics",
     "learns_from_metrics",
     "loss_metric_sums",
+    "loss_row_sums",
     "loss_metrics",
     "padding_metrics",
     "peer_ratio_metrics",
@@ -49,6 +52,16 @@ def loss_metric_sums(ratio, low, high, self_clipped, peer, own, grad_rows: int) 
             torch.tensor(float(ratio.shape[0]), device=ratio.device),
         ]
     ).float()
+
+
+def loss_row_sums(out, rows: torch.Tensor, inputs: dict, clipped, grad_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`loss_metric_sums` of a mini-batch's HACPO loss ``out`` over its gradient rows ``rows``, the rows left
+    out of the gradient pass (``clipped``, :func:`hacpo_trl.peer_loss.score_peer_rows`) included; and the ratios of
+    its valid peer rows (:func:`peer_ratio_metrics` collects them over a generation batch)."""
+    is_peer, valid = inputs["hacpo_is_peer"], inputs["hacpo_valid"]
+    ratio, low, high, self_clipped = batch_row_flags(out, rows, is_peer, clipped)
+    peer, own = is_peer & valid, ~is_peer & valid
+    return loss_metric_sums(ratio, low, high, self_clipped, peer, own, grad_rows), ratio[peer]
 
 
 def loss_metrics(sums: list[float], lower_bound: float, kl: torch.Tensor | None) -> dict[str, float]:
@@ -105,6 +118,13 @@ def capability_metrics(
     metrics.update({f"hacpo/reward/{agent}": sum(r) / len(r) for agent, r in step_rewards.items()})
     metrics.update({f"hacpo/omega/{agent}": omega for agent, omega in omegas.items()})
     return metrics
+
+
+def capability_step_metrics(tracker, learner: str, step_rewards: dict[str, list[float]], low: float, high: float):
+    """:func:`capability_metrics` once ``tracker`` (a :class:`~hacpo_trl.algorithm.CapabilityTracker`) took the
+    step's rewards: ω of each peer toward ``learner``, its capability ratio clamped to [``low``, ``high``]."""
+    omegas = {a: tracker.omega(a, learner, low, high) for a in tracker.agents if a != learner}
+    return capability_metrics(tracker.capabilities(), step_rewards, omegas)
 
 
 def learns_from_metrics(learner: str, agents: list[str], open_peers: list[str], weight: float) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """The HACPO section of an agent's model card: a pure function of its settings, peers and log history.
 
-TRL writes the card (front matter, base model, citation); :class:`~hacpo_trl.trainer.HACPOTrainer` appends this
-section so a saved agent says what a HACPO agent needs to be understood: its peers, the recipe and final metrics.
+TRL writes the card (front matter, base model, citation); :func:`complete_card` fills in the names TRL's template
+leaves as ``None`` and appends this section, so a saved agent says what a HACPO agent needs to be understood: its
+peers, the recipe and final metrics.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 from collections.abc import Sequence
 from contextlib import contextmanager
 
+from .cache import builtin_name
 from .pretrained import original_model
 from .sharing import LEARNER_SETTINGS
 
@@ -18,6 +20,7 @@ __all__ = [
     "CARD_SETTINGS",
     "PAPER",
     "append_card_section",
+    "complete_card",
     "hacpo_card_section",
     "hub_base_model",
     "name_card",
@@ -125,3 +128,18 @@ def append_card_section(output_dir: str, section: str) -> None:
         return
     with open(path, "a") as f:
         f.write(section)
+
+
+def complete_card(settings, agent: str, base_model: str | None, log_history, global_step: int, model_id: str) -> None:
+    """Finish the card TRL wrote into ``settings.output_dir``: its names filled in (:func:`name_card`), then the HACPO
+    section appended (:func:`hacpo_card_section`). The base model is named as the user wrote it: the recipe's name,
+    else ``builtin:<name>`` for a cache folder, else the path given."""
+    label = settings.agent_spec.model_name_or_path or builtin_name(base_model) or base_model
+    card = os.path.join(settings.output_dir, "README.md")
+    if os.path.isfile(card):  # TRL's template leaves base model and repository as `None` for local models
+        with open(card) as f:
+            text = name_card(f.read(), agent, label, model_id)
+        with open(card, "w") as f:
+            f.write(text)
+    section = hacpo_card_section(settings, agent, base_model, log_history, global_step, label)
+    append_card_section(settings.output_dir, section)

@@ -27,11 +27,23 @@ rows that weigh the same in the loss, so every update sums the same rows with th
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
-__all__ = ["Trim", "chunk_trims", "length_groups", "length_order", "padding_ratio", "restore_width", "trim_sides"]
+__all__ = [
+    "Trim",
+    "chunk_trims",
+    "forward_at_width",
+    "group_by_length",
+    "length_groups",
+    "length_order",
+    "padding_ratio",
+    "restore_width",
+    "trim_sides",
+]
 
 # rotary embeddings whose frequencies are chosen from the forward's length (transformers' `rope_type`)
 LENGTH_DEPENDENT_ROPE = frozenset({"dynamic", "longrope"})
@@ -142,6 +154,66 @@ def length_groups(lengths: torch.Tensor, classes: torch.Tensor, micro_rows: int,
                 slots = rows[classes[rows] == c]  # the class's positions, micro-batch by micro-batch
                 order[slots] = slots[torch.sort(lengths[slots], stable=True).indices]
     return order
+
+
+def group_by_length(batch: dict, steps: int, gradient_accumulation_steps: int, hacpo: bool) -> dict:
+    """A generation batch of ``steps`` micro-batches with rows of similar length in the same micro-batch, within each
+    optimizer update and between rows of equal weight (:func:`length_groups`): blocks of gcd(steps, GA) micro-batches
+    never cross an update. With HACPO's loss (``hacpo`` and peer columns) the classes are valid self, valid peer and
+    invalid rows (a mean over valid rows, a KL over valid self rows); TRL's loss weighs every row alike."""
+    rows = batch["completion_ids"].shape[0]
+    block = math.gcd(steps, gradient_accumulation_steps)
+    lengths = (batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)).cpu()
+    classes = torch.zeros(rows, dtype=torch.long)
+    if hacpo and "hacpo_is_peer" in batch:
+        classes = 1 + batch["hacpo_is_peer"].long().cpu() + 2 * (~batch["hacpo_valid"]).long().cpu()
+    order = length_groups(lengths, classes, rows // steps, block).to(batch["completion_ids"].device)
+    return {k: (v[order] if isinstance(v, torch.Tensor) and v.ndim >= 1 else v) for k, v in batch.items()}
+
+
+def forward_at_width(
+    forward: Callable,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    batch_size: int | None,
+    sides: tuple[bool, bool],
+) -> tuple[tuple, int]:
+    """``forward`` (TRL's `_get_per_token_logps_and_entropies` with the model and flags bound: ``forward(input_ids,
+    attention_mask, logits_to_keep, batch_size)``) chunk by chunk at each chunk's own width: the same log-probs,
+    entropies and gradients without the padding columns. ``sides`` are those the model may trim (:func:`trim_sides`);
+    with neither, TRL's padded forward runs as it is. Rows go in chunks of ``batch_size`` (None: one chunk); with
+    several (the no-gradient passes over a generation batch), in order of length, returned in the caller's order.
+
+    Returns TRL's (log-probs, entropies, aux loss) and the tokens the forwards processed (rows x width, summed)."""
+    n, width = input_ids.shape
+    batch_size, trim = batch_size or n, any(sides)
+    order = length_order(attention_mask) if trim and batch_size < n else None
+    if order is not None:
+        input_ids, attention_mask = input_ids[order], attention_mask[order]
+    chunks = chunk_trims(attention_mask, logits_to_keep, batch_size, sides if trim else False)
+    processed = sum(c.tokens for c in chunks)
+    if not trim:
+        return forward(input_ids, attention_mask, logits_to_keep, batch_size), processed
+    first_completion = width - logits_to_keep
+    logps, entropies, aux_losses = [], [], []
+    for c in chunks:
+        columns = slice(c.left, c.right)
+        lp, entropy, aux = forward(
+            input_ids[c.start : c.end, columns], attention_mask[c.start : c.end, columns], c.right - first_completion
+        )
+        logps.append(restore_width(lp, width - c.right))
+        if entropy is not None:  # TRL returns entropies and an aux loss only when asked for them
+            entropies.append(restore_width(entropy, width - c.right))
+        if aux is not None:
+            aux_losses.append(aux)
+    logps = torch.cat(logps)
+    entropy = torch.cat(entropies) if entropies else None
+    if order is not None:
+        inverse = torch.argsort(order)
+        logps = logps[inverse]
+        entropy = None if entropy is None else entropy[inverse]
+    return (logps, entropy, torch.stack(aux_losses).mean() if aux_losses else None), processed
 
 
 def restore_width(values: torch.Tensor, dropped_right: int) -> torch.Tensor:

@@ -16,6 +16,8 @@ zero elsewhere, and the lower bound applied), or None when every row gets a back
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -28,9 +30,14 @@ from .algorithm import (
     sequence_log_ratio,
     stepwise_lower_bound,
 )
+from .padding import length_order
+from .sharing import peers_in_band
 
 __all__ = [
     "TAUGHT_GAMMA",
+    "band_counts",
+    "band_order",
+    "band_ratios",
     "batch_row_flags",
     "gradient_rows",
     "has_gradient_rows",
@@ -217,3 +224,42 @@ def batch_row_flags(
         low = torch.where(dropped, dropped_ratio < bound, low)
         high = torch.where(dropped, dropped_ratio > 1.0, high)
     return ratio, low, high, self_clipped
+
+
+# ------------------------------------------------------------------------------------- the band gate's scoring
+
+
+def band_order(batch: dict) -> torch.Tensor:
+    """The valid peer rows of a generation batch with its peer rows appended, in order of length, so that rows of
+    similar length share a forward of :func:`band_ratios`."""
+    candidates = batch["hacpo_is_peer"] & batch["hacpo_valid"]
+    index = candidates.nonzero().flatten()
+    return index[length_order(torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)[index])]
+
+
+def band_ratios(
+    batch: dict, index: torch.Tensor, score: Callable, size: int, most: int, config: HACPOLossConfig
+) -> torch.Tensor:
+    """The sequence ratio s of each valid peer row of ``batch`` (in batch order) under the learner now: the rows
+    ``index`` (:func:`band_order`), ``size`` per forward; ``score(rows)`` is the learner's no-gradient forward over a
+    row mask, returning per-token log-probs. Every rank of an agent runs the forwards that ``most``, the most rows any
+    of its ranks holds, needs (under FSDP / ZeRO-3 each forward is a collective): one past the end of ``index``
+    scores row 0 and drops it. A forward of ``size`` rows holds no more activations than TRL's no-gradient passes."""
+    candidates = batch["hacpo_is_peer"] & batch["hacpo_valid"]
+    ratio = torch.full((len(candidates),), float("nan"), device=candidates.device)
+    for k in range(max(1, math.ceil(most / size))):
+        chunk = index[k * size : (k + 1) * size]
+        scored = torch.zeros_like(candidates)
+        scored[chunk if len(chunk) else 0] = True
+        logps = score(scored)
+        if len(chunk):
+            ratio[scored] = peer_log_ratios(logps, batch, scored, config).exp().float()
+    return ratio[candidates]
+
+
+def band_counts(ratio: torch.Tensor, rows, peers: Sequence[str], config: HACPOLossConfig) -> list[int]:
+    """How many valid rows of each of ``peers`` have their ``ratio`` (:func:`band_ratios`) in the band [lb_0, 1]
+    (:func:`hacpo_trl.sharing.peers_in_band`); ``rows`` is the :class:`~hacpo_trl.peer_rows.PeerRows` appended."""
+    sources = [s for s, ok in zip(rows.sources, rows.valid, strict=True) if ok]
+    counts = peers_in_band(ratio, sources, peers, stepwise_lower_bound(0, config.delta, config.delta_step))
+    return [counts[p] for p in peers]

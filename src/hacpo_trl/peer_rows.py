@@ -31,6 +31,8 @@ __all__ = [
     "add_self_columns",
     "append_peer_rows",
     "build_peer_rows",
+    "learner_records",
+    "micro_batches",
     "order_rows",
     "own_rewards",
     "self_prompt_tokens",
@@ -305,3 +307,34 @@ def append_peer_rows(
     batch.setdefault("hacpo_taught", torch.zeros(n_self, dtype=torch.bool, device=device))  # a batch built by hand
     append("hacpo_taught", rows.taught, False, torch.bool)
     return batch
+
+
+def learner_records(
+    by_agent: Mapping[str, Sequence[RolloutBatch]], learner: str, agent_names: Sequence[str], peers: Sequence[str]
+) -> tuple[list[RolloutBatch], list[str]]:
+    """What enters a learner's peer rows from ``peers`` (:func:`build_peer_rows`'s ``records`` and ``agent_names``):
+    the records of the learner and these peers only, their rewards included (the baseline), in ``by_agent``'s order;
+    and those agents in ``agent_names`` order (the learner's view)."""
+    kept = {agent: by_agent[agent] for agent in (learner, *peers) if agent in by_agent}
+    return [r for records in kept.values() for r in records], [a for a in agent_names if a in kept]
+
+
+def micro_batches(batch: dict, plan, settings) -> list[dict | None]:
+    """A generation batch cut into the micro-batches its plan (:class:`~hacpo_trl.schedule.BatchPlan`) trains, those
+    it skips None. A solo batch is shuffled as TRL shuffles it. With peer rows, self and peer rows are shuffled apart
+    and self rows kept first (:func:`order_rows`, by ``settings.peer_layout``), so that the stepwise peer bound sees
+    peer rows in the later updates of a generation batch, as in the paper; a batch of rescued rows only is
+    interleaved, so each of its micro-batches holds GSPO's share of the own rows. ``settings.group_by_length`` then
+    regroups rows by length within each update (:func:`hacpo_trl.padding.group_by_length`)."""
+    from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
+
+    from .padding import group_by_length
+
+    steps = plan.micro_batches
+    if plan.solo:  # own rows only, trained with TRL's own loss
+        batch = shuffle_sequence_dict(batch)  # exactly TRL's order when there are no peer rows
+    else:
+        batch = order_rows(batch, plan.own_rows, steps, "interleaved" if plan.rescue_only else settings.peer_layout)
+    if settings.group_by_length:
+        batch = group_by_length(batch, steps, settings.gradient_accumulation_steps, settings.share_rollouts)
+    return split_tensor_dict(batch, steps) + [None] * (plan.steps_per_generation - steps)
