@@ -239,6 +239,12 @@ def test_band_gate_scores_peer_rows_by_length_in_as_many_forwards_as_the_busiest
     torch.testing.assert_close(ratio, torch.tensor([0.9, 1.5, 0.7]))
     rows = SimpleNamespace(sources=["B", "B", "C", "C"], valid=[True, True, True, False])  # the appended peer rows
     assert band_counts(ratio, rows, ["B", "C"], HACPOLossConfig()) == [1, 0]  # only 0.9 is in [0.8, 1]
+    # taught rows have no band: they count at or above the floor (0.7 and 1.5 do at 0.5, none at 2)
+    rows.taught = [True, True, True, True]
+    assert band_counts(ratio, rows, ["B", "C"], HACPOLossConfig(), taught_floor=0.5) == [2, 1]
+    assert band_counts(ratio, rows, ["B", "C"], HACPOLossConfig(), taught_floor=2.0) == [0, 0]
+    rows.taught = [False, True, True, True]  # B's 0.9 by the band, B's 1.5 and C's 0.7 by the floor
+    assert band_counts(ratio, rows, ["B", "C"], HACPOLossConfig(), taught_floor=0.8) == [2, 0]
     no_peers = {**batch, "hacpo_valid": torch.tensor([True, True, False, False, False, False])}
     assert band_ratios(no_peers, band_order(no_peers), score, size=2, most=3, config=HACPOLossConfig()).numel() == 0
     assert scored[3:] == [[0], [0]]  # a rank with no peer row still runs the busiest rank's 2 forwards

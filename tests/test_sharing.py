@@ -226,8 +226,9 @@ def test_decide_with_peer_prompts_keeps_each_peer_only_where_it_did_better():
     assert gated.solo  # the gate closes B (0.25 < 0.5); C is open but better nowhere
     assert decide(settings, "C", AGENTS, CAPS, ROWS, 0, 0, RECORDS).open == ("B",)  # B also beats C on p0
     assert decide(settings, "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS, training=False).open == ("B", "C")
-    # the band gate leaves a taught peer alone (its rows have no band)
-    assert decision.close_outside_band({"B": 0}) == decision
+    # the band gate counts a taught peer's rows at or above the floor (peers_in_band): none there closes it
+    assert decision.close_outside_band({"B": 2}) == decision
+    assert decision.close_outside_band({"B": 0}).solo
     with pytest.raises(ValueError, match="`peer_prompts` must be one of \\('all', 'better'\\), got 'some'"):
         _settings(peer_prompts="some")
     for floor in (-0.1, 1.0, True, "0.2"):

@@ -155,9 +155,9 @@ class HACPOConfig(GRPOConfig):
             of log s, so a trace the learner finds unlikely still teaches (the band would drop it). Decided per
             prompt, whatever the overall P̂: agents each better on part of a task teach each other that part, and
             a stronger learner takes a weaker peer's rows only where the peer did better. Combines with
-            `peer_filter`, `learn_from` and the capability gate (a closed peer stays closed); `band_gate` leaves a
-            taught peer alone. A batch where no peer does better on any prompt is learned from no one
-            (`solo_steps_per_generation`). Logged as `hacpo/taught_prompts/<peer>` (share of the batch's prompts).
+            `peer_filter`, `learn_from` and the capability gate (a closed peer stays closed); `band_gate` closes a
+            taught peer none of whose rows is at or above `taught_ratio_floor`. A batch where no peer does better on
+            any prompt is learned from no one (`solo_steps_per_generation`). Logged as `hacpo/taught_prompts/<peer>` (share of the batch's prompts).
             Not in the paper. May differ per agent (`overrides`).
         taught_ratio_floor (`float`, *optional*, defaults to `0.2`):
             With `peer_prompts: better`, a taught row whose ratio s is below this floor gets no gradient (it skips
@@ -186,8 +186,9 @@ class HACPOConfig(GRPOConfig):
             is clamped), yet without the gate its rewards still enter the capability-aware baseline and shift the
             learner's own advantages. A learner with every peer closed trains as GSPO (see `learn_from`). Costs one
             forward without gradient over the peer rows per generation batch. Not in the paper; needs the band
-            (not with `naive` or `peer_clipping: false`). Logged as `hacpo/band_rows/<peer>` (rows in the band,
-            over the agent's ranks). May differ per agent.
+            (not with `naive` or `peer_clipping: false`). A taught row (`peer_prompts: better`) has no band and
+            counts when its ratio is at or above `taught_ratio_floor`. Logged as `hacpo/band_rows/<peer>` (rows
+            that count, over the agent's ranks). May differ per agent.
         peer_fade_steps (`int`, *optional*, defaults to `0`):
             Fade the learner's peer rows out over training (S2L-PO's annealing back to on-policy data): at a
             generation batch starting after t optimizer steps, the peer rows' advantages (hence their objectives)

@@ -257,9 +257,15 @@ def band_ratios(
     return ratio[candidates]
 
 
-def band_counts(ratio: torch.Tensor, rows, peers: Sequence[str], config: HACPOLossConfig) -> list[int]:
-    """How many valid rows of each of ``peers`` have their ``ratio`` (:func:`band_ratios`) in the band [lb_0, 1]
-    (:func:`hacpo_trl.sharing.peers_in_band`); ``rows`` is the :class:`~hacpo_trl.peer_rows.PeerRows` appended."""
-    sources = [s for s, ok in zip(rows.sources, rows.valid, strict=True) if ok]
-    counts = peers_in_band(ratio, sources, peers, stepwise_lower_bound(0, config.delta, config.delta_step))
+def band_counts(
+    ratio: torch.Tensor, rows, peers: Sequence[str], config: HACPOLossConfig, taught_floor: float = 0.0
+) -> list[int]:
+    """How many valid rows of each of ``peers`` have their ``ratio`` (:func:`band_ratios`) in the band [lb_0, 1], or
+    for a taught row at or above ``taught_floor`` (:func:`hacpo_trl.sharing.peers_in_band`); ``rows`` is the
+    :class:`~hacpo_trl.peer_rows.PeerRows` appended."""
+    valid = [k for k, ok in enumerate(rows.valid) if ok]
+    sources = [rows.sources[k] for k in valid]
+    taught = [bool(rows.taught[k]) for k in valid] if getattr(rows, "taught", None) else []
+    bound = stepwise_lower_bound(0, config.delta, config.delta_step)
+    counts = peers_in_band(ratio, sources, peers, bound, taught, taught_floor)
     return [counts[p] for p in peers]

@@ -254,20 +254,30 @@ def open_peers(
 
 
 def peers_in_band(
-    ratio: torch.Tensor, sources: Sequence[str], peers: Sequence[str], lower_bound: float
+    ratio: torch.Tensor,
+    sources: Sequence[str],
+    peers: Sequence[str],
+    lower_bound: float,
+    taught: Sequence[bool] = (),
+    taught_floor: float = 0.0,
 ) -> dict[str, int]:
     """How many of each open peer's rows lie in the band at a batch's first update (not in the paper).
 
     ``ratio``: the learner's sequence ratio s (Eq. 11) of each peer row before any update; ``sources``: each row's
     generator. A peer with no row in the band gives no gradient (every row is clamped), yet its rewards still shift
-    the learner's baseline; ``band_gate`` closes such a peer for the batch.
+    the learner's baseline; ``band_gate`` closes such a peer for the batch. A row flagged in ``taught`` has no band:
+    it counts when s >= ``taught_floor`` (below it the row gets no gradient either).
     """
     if ratio.ndim != 1 or ratio.shape[0] != len(sources):
         raise ValueError(f"`ratio` must have one entry per source, got {tuple(ratio.shape)} for {len(sources)}")
     unknown = sorted({s for s in sources if s not in peers})
     if unknown:
         raise ValueError(f"rows from agent(s) {unknown} that are not open peers {list(peers)}")
-    inside = in_band(ratio, lower_bound).tolist()
+    inside = in_band(ratio, lower_bound)
+    if len(taught):
+        flags = torch.tensor(list(taught), dtype=torch.bool, device=ratio.device)
+        inside = torch.where(flags, ratio >= taught_floor, inside)
+    inside = inside.tolist()
     return {p: sum(1 for s, ok in zip(sources, inside, strict=True) if ok and s == p) for p in peers}
 
 
@@ -370,9 +380,10 @@ class PeerDecision:
         return self.involved, self.only_prompts(), self.weight, self.taught
 
     def close_outside_band(self, in_band: Mapping[str, int]) -> PeerDecision:
-        """`band_gate`: the decision without the involved peers none of whose rows is in the band (``in_band``:
-        rows in the band per involved peer, over the learner's ranks). A taught peer stays: its rows have no band."""
-        keep = {p for p in self.involved if in_band.get(p, 0) > 0 or p in self.taught}
+        """`band_gate`: the decision without the involved peers none of whose rows has a gradient (``in_band``:
+        per involved peer, over the learner's ranks, its rows in the band, or a taught peer's rows at or above
+        `taught_ratio_floor`, :func:`peers_in_band`)."""
+        keep = {p for p in self.involved if in_band.get(p, 0) > 0}
         return PeerDecision(
             tuple(p for p in self.open if p in keep),
             {p: (prompts if p in keep else frozenset()) for p, prompts in self.rescued.items()},

@@ -300,7 +300,7 @@ class HACPOTrainer(GRPOTrainer):
         with self._pass("band_gate"), self._rng_kept():
             score = functools.partial(self._row_logps, self.model, trial)
             ratio = peer_loss.band_ratios(trial, index, score, size, most, self.hacpo_loss_config)
-        counts = peer_loss.band_counts(ratio, rows, peers, self.hacpo_loss_config)
+        counts = peer_loss.band_counts(ratio, rows, peers, self.hacpo_loss_config, self.sharing.taught_ratio_floor)
         return dict(zip(peers, self._summed(torch.tensor(counts, device=self.accelerator.device)), strict=True))
 
     def _with_peer_rows(self, batch: dict, rows: peer_rows.PeerRows, prompt_ids, steps: int | None = None) -> dict:
