@@ -204,7 +204,8 @@ def open_peers(
     gate_confidence: float = 0.0,
     rows: Mapping[str, int] | None = None,
 ) -> list[str]:
-    """The peers ``learner`` learns from at this generation batch, in ``agents`` order (not in the paper).
+    """The peers ``learner`` learns from at this generation batch, in ``agents`` order (not in the paper). The gate's
+    settings come checked from :class:`SharingSettings`; the arguments of this batch are checked here.
 
     A peer is open when it is named in ``learn_from`` (``None``: every other agent; the learner itself is never a
     peer) and its capability is at least ``capability_gate`` times the learner's: P̂_j >= gate · P̂_k. The gate thus
@@ -228,16 +229,11 @@ def open_peers(
     unknown = sorted({a for a in names if a not in agents})
     if unknown:
         raise ValueError(f"`learn_from` names unknown agent(s) {unknown}; agents are {agents}")
-    if not (isinstance(capability_gate, int | float) and math.isfinite(capability_gate) and capability_gate >= 0):
-        raise ValueError(f"`capability_gate` must be a finite number >= 0, got {capability_gate!r}")
-    for name, value in (("gate_warmup", gate_warmup), ("batches_seen", batches_seen)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"`{name}` must be an integer >= 0, got {value!r}")
+    if isinstance(batches_seen, bool) or not isinstance(batches_seen, int) or batches_seen < 0:
+        raise ValueError(f"`batches_seen` must be an integer >= 0, got {batches_seen!r}")
     missing = [a for a in agents if a not in capabilities]
     if missing:
         raise ValueError(f"`capabilities` is missing agents {missing}")
-    if not (isinstance(gate_confidence, int | float) and (gate_confidence == 0 or 0.5 <= gate_confidence < 1)):
-        raise ValueError(f"`gate_confidence` must be 0 (off) or in [0.5, 1), got {gate_confidence!r}")
     if capability_gate > 0 and batches_seen < gate_warmup:
         return []
     own = capabilities[learner]
