@@ -151,6 +151,12 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
         {"peer_filter": "correct", "peer_prompts": "better", "taught_ratio_floor": 0.2, **SOLO, **HACPO_SCHEDULE},
         8, 4,
     ),
+    # and the band gate, which now closes a taught peer none of whose rows reaches the floor (rule 11)
+    "HACPO correct + per-prompt floor 0.2 + GSPO solo updates + band gate": (
+        {"peer_filter": "correct", "peer_prompts": "better", "taught_ratio_floor": 0.2, **SOLO, "band_gate": True,
+         **HACPO_SCHEDULE},
+        8, 4,
+    ),
 }  # fmt: skip
 METHODS |= CANDIDATES
 # the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset
