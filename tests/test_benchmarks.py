@@ -271,3 +271,26 @@ def test_two_looks_corrects_each_look_by_hand(tmp_path):
     look(tmp_path / "b.json", [3, 4, 5, 6], [0.01] * 4)
     with pytest.raises(SystemExit, match=r"share seeds \[3\]"):
         main(files)
+
+
+def test_same_runs_flags_a_run_that_differs_or_is_missing(tmp_path):
+    """`same_runs.py`: two outputs with equal per-run accuracies are the same (exit 0); one accuracy changed in the
+    last digit, or a seed missing on one side, is flagged (exit 1) on that run's line only."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from same_runs import compare, main
+
+    def output(gspo, before=0.5, seeds=(0, 1)):
+        acc = {"a": {"GSPO": list(gspo)}}
+        return {"settings": {"size": {"seeds": list(seeds), "accuracy": acc, "accuracy_before": {"a": before}}}}
+
+    lines, differ = compare(output([0.25, 0.5]), output([0.25, 0.5]))
+    assert differ == 0 and lines == ["same  size / a / GSPO / 0: 0.25 -> 0.25", "same  size / a / GSPO / 1: 0.5 -> 0.5",
+                                     "same  size / a / before: 0.5 -> 0.5"]  # fmt: skip
+    lines, differ = compare(output([0.25, 0.5]), output([0.25, 0.5000001]))
+    assert differ == 1 and lines[1] == "DIFFERS  size / a / GSPO / 1: 0.5 -> 0.5000001"
+    lines, differ = compare(output([0.25, 0.5]), output([0.25], seeds=(0,)))
+    assert differ == 1 and lines[1] == "DIFFERS  size / a / GSPO / 1: 0.5 -> None"
+    for name, data in (("x.json", output([0.25, 0.5])), ("y.json", output([0.25, 0.75]))):
+        (tmp_path / name).write_text(json.dumps(data))
+    assert main([str(tmp_path / "x.json"), str(tmp_path / "x.json")]) == 0
+    assert main([str(tmp_path / "x.json"), str(tmp_path / "y.json")]) == 1
