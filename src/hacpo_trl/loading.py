@@ -97,7 +97,8 @@ def _load_dtype(model, args):
         dtypes = {p.dtype for p in model.parameters() if p.requires_grad}
         return dtypes.pop() if len(dtypes) == 1 else None
     dtype = (args.model_init_kwargs or {}).get("dtype", (args.model_init_kwargs or {}).get("torch_dtype", "auto"))
-    if dtype in (None, "auto"):  # transformers v5: the dtype saved in the model's config
+    # transformers v5: "auto" loads the dtype saved in the model's config
+    if dtype in (None, "auto"):
         try:
             from transformers import AutoConfig
 
@@ -111,7 +112,7 @@ def _load_dtype(model, args):
 
 def check_trainable_precision(args, model, peft_config, agent: str) -> None:
     """Refuse, before the model is loaded, full fine-tuning that would update bf16/fp16 parameters with a plain torch
-    optimizer (DDP or one process): AdamW steps of ~1e-6 round away in bf16, so the model would not learn (review N1).
+    optimizer (DDP or one process): AdamW steps of ~1e-6 round away in bf16, so the model would not learn.
     DeepSpeed ZeRO and FSDP keep fp32 master weights; LoRA adapters are fp32 (peft's default)."""
     import torch
 
