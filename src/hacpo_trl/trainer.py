@@ -1,9 +1,8 @@
 """`HACPOTrainer`: TRL's `GRPOTrainer` for one agent of a HACPO run, sharing rollouts with the other agents.
 
 Each agent runs it in its own accelerate world (:mod:`hacpo_trl.topology`); what TRL does stays TRL's. This module is
-the glue: TRL's hooks, every forward pass and every collective over an agent's ranks. The logic is in
-:mod:`~hacpo_trl.sharing`, :mod:`~hacpo_trl.peer_rows`, :mod:`~hacpo_trl.peer_loss`, :mod:`~hacpo_trl.schedule`,
-:mod:`~hacpo_trl.updates`, :mod:`~hacpo_trl.padding`, :mod:`~hacpo_trl.metrics` and :mod:`~hacpo_trl.checkpoints`,
+the glue: TRL's hooks, every forward pass and every collective over an agent's ranks. The logic is in the modules
+``sharing``, ``peer_rows``, ``peer_loss``, ``schedule``, ``updates``, ``padding``, ``metrics`` and ``checkpoints``,
 tested without a trainer. With ``share_rollouts=False`` the loss is TRL's own: exactly TRL's GRPO / GSPO.
 """
 
@@ -157,14 +156,15 @@ class HACPOTrainer(GRPOTrainer):
         """TRL's forward at each chunk's own width (:func:`hacpo_trl.padding.forward_at_width`), counting tokens
         processed and real; multimodal inputs (in ``flags``) and ``trim_padding=False`` keep TRL's padded forward."""
         name = self._forward_pass
-        if name == "generation":  # inside TRL's step: its old log-probs (when it computes them), then the reference
+        # inside TRL's step: its old log-probs (when it computes them), then the reference
+        if name == "generation":
             trl_old = not self._one_update(self.args.steps_per_generation)
             name = "old_logps" if trl_old and self._generation_forwards == 0 else "ref_logps"
             self._generation_forwards += 1
         self._forward_name = name
-        if name in ("old_logps", "ref_logps") and self.model.training:  # TRL's no-gradient passes over own rows:
-            # in a solo batch's chunks, as GSPO (a chunk's shape can change the last bits on a GPU): a learner gated
-            # off trains bit for bit as GSPO; with peers its own rows' log-probs differ by float rounding only
+        # TRL's no-gradient passes over own rows run in GSPO's solo chunks (a chunk's shape can change a GPU's last
+        # bits): gated off, a learner trains bit for bit as GSPO; with peers its own rows differ by float rounding only
+        if name in ("old_logps", "ref_logps") and self.model.training:
             rows, solo, size = len(input_ids), self._solo_steps(), self.args.per_device_train_batch_size
             batch_size = schedule.own_rows_chunk(rows, solo, size)
         multimodal = any(v is not None for k, v in flags.items() if not k.startswith("compute_"))
