@@ -109,7 +109,7 @@ def resume_checkpoint(
         )
     step = max(common)
     lacking = [describe_rank(r) for r, entry in enumerate(everyone) if step not in entry[2]]
-    if lacking:  # every process loads the checkpoint (weights, its RNG state), not only the agent's main one
+    if lacking:
         raise ValueError(
             f"resuming from step {step}, but {', '.join(lacking)} cannot see a complete checkpoint-{step} "
             "in its agent's output_dir. Every process of an agent reads the agent's checkpoints: without a "

@@ -83,10 +83,8 @@ def loss_metrics(sums: list[float], lower_bound: float, kl: torch.Tensor | None)
 
 
 def padding_metrics(sums: dict[str, list[float]]) -> dict[str, float]:
-    """``hacpo/time/padding_ratio/<pass>``: tokens a pass's forwards processed ÷ its real tokens since the last log,
-    from this rank's ``{pass: [processed, real]}`` sums (a ratio of sums, so long and short chunks weigh by their
-    tokens). 1 is padding-free. The passes: ``old_logps`` (TRL's or HACPO's old log-probs), ``ref_logps``
-    (reference model), ``peer_scoring`` (HACPO's no-gradient scoring of peer rows), ``train`` (the gradient pass)."""
+    """``hacpo/time/padding_ratio/<pass>`` (``old_logps``, ``ref_logps``, ``peer_scoring``, ``train``) since the last
+    log, from this rank's ``{pass: [processed, real]}`` token sums: a ratio of sums, so chunks weigh by their tokens."""
     return {f"hacpo/time/padding_ratio/{name}": padding_ratio(p, r) for name, (p, r) in sorted(sums.items())}
 
 
@@ -151,11 +149,9 @@ def gate_evidence_metrics(
 def sharing_metrics(
     learner: str, agents: list[str], decision, settings, capabilities: dict[str, float], rows: dict[str, int]
 ) -> dict[str, float]:
-    """What a learner's sharing decision (a :class:`~hacpo_trl.sharing.PeerDecision`) was at a generation batch:
-    whom it learns from and its peers' weight, with `capability_gate_rescue` the prompts each peer rescued, with
-    `peer_prompts: better` the share of the batch's prompts each peer teaches, with
-    `capability_gate_confidence` each peer's evidence (``settings`` are its
-    :class:`~hacpo_trl.sharing.SharingSettings`)."""
+    """A learner's :class:`~hacpo_trl.sharing.PeerDecision` at a generation batch: whom it learns from and its peers'
+    weight; with `capability_gate_rescue` the prompts each peer rescued, with `peer_prompts: better` the share of
+    prompts each peer teaches, with `capability_gate_confidence` each peer's evidence."""
     out = learns_from_metrics(learner, agents, list(decision.open), decision.weight)
     if settings.capability_gate_rescue:
         others = [a for a in agents if a != learner]

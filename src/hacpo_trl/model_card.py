@@ -26,7 +26,8 @@ __all__ = [
     "name_card",
 ]
 
-PAPER = {  # TRL's card cites it (`GRPOTrainer._paper`)
+# TRL's card cites it (`GRPOTrainer._paper`)
+PAPER = {
     "title": "Heterogeneous Agent Collaborative Reinforcement Learning",
     "id": "2603.02604",
     "citation": "@article{zhang2026hacrl, title={Heterogeneous Agent Collaborative Reinforcement Learning}, "
@@ -136,7 +137,8 @@ def complete_card(settings, agent: str, base_model: str | None, log_history, glo
     else ``builtin:<name>`` for a cache folder, else the path given."""
     label = settings.agent_spec.model_name_or_path or builtin_name(base_model) or base_model
     card = os.path.join(settings.output_dir, "README.md")
-    if os.path.isfile(card):  # TRL's template leaves base model and repository as `None` for local models
+    # TRL's template leaves base model and repository as `None` for local models
+    if os.path.isfile(card):
         with open(card) as f:
             text = name_card(f.read(), agent, label, model_id)
         with open(card, "w") as f:

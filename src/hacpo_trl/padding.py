@@ -61,14 +61,9 @@ def _rope_types(rope) -> set[str] | None:
 
 
 def trim_sides(config) -> tuple[bool, bool]:
-    """Which all-padding columns a forward of a model with this config may drop: (leading, trailing).
-
-    Rotary embeddings see only position differences, so both sides go, unless their frequencies depend on the
-    forward's length (`LENGTH_DEPENDENT_ROPE`): then neither. Without rotary embeddings positions may be absolute
-    and count the left padding, so only the trailing side goes (the columns before it are computed as before).
-    Read from the config's rope fields (`rope_parameters`, `rope_scaling`, `rope_theta`), as transformers names
-    them; a rotary model that names its rope otherwise (GPT-J's `rotary_dim`) is taken as absolute: it keeps its
-    left padding, which costs compute, never values."""
+    """Which all-padding columns a forward of a model with this config may drop: (leading, trailing), by the rules
+    of the module docstring. Read from transformers' rope fields (`rope_parameters`, `rope_scaling`, `rope_theta`): a
+    rotary model that names its rope otherwise (GPT-J's `rotary_dim`) keeps its left padding, costing compute only."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
     types = _rope_types(rope)
@@ -203,7 +198,8 @@ def forward_at_width(
             input_ids[c.start : c.end, columns], attention_mask[c.start : c.end, columns], c.right - first_completion
         )
         logps.append(restore_width(lp, width - c.right))
-        if entropy is not None:  # TRL returns entropies and an aux loss only when asked for them
+        # TRL returns entropies and an aux loss only when asked for them
+        if entropy is not None:
             entropies.append(restore_width(entropy, width - c.right))
         if aux is not None:
             aux_losses.append(aux)

@@ -49,13 +49,13 @@ __all__ = [
 ]
 
 Clipped = tuple[torch.Tensor, float, torch.Tensor, float]
-TAUGHT_GAMMA = 0.1  # LUFFY's shaping constant (Yan et al., 2025, "Learning to Reason under Off-Policy Guidance")
+# LUFFY's shaping constant (Yan et al., 2025, "Learning to Reason under Off-Policy Guidance")
+TAUGHT_GAMMA = 0.1
 
 
 def taught_weight(ratio: torch.Tensor, gamma: float = TAUGHT_GAMMA) -> torch.Tensor:
-    """The weight of a taught row: (1 + γ)·s / (s + γ), at most 1. LUFFY's policy shaping s / (s + γ), scaled to be 1
-    at s = 1 (an on-policy row's weight), so it stays large where the band would clamp: 0.92 at s = 0.5, 0.55 at 0.1,
-    0.10 at 0.01, instead of 0 below lb_m."""
+    """A taught row's weight (1 + γ)·s / (s + γ), at most 1: LUFFY's shaping scaled to 1 at s = 1, so it stays large
+    where the band gives 0 (0.55 at s = 0.1, 0.10 at 0.01)."""
     return ((1 + gamma) * ratio / (ratio + gamma)).clamp(max=1.0)
 
 
@@ -122,8 +122,7 @@ def score_peer_rows(
 
 
 def has_gradient_rows(valid: torch.Tensor, clipped: Clipped | None) -> bool:
-    """Whether any row of the mini-batch has an objective with a gradient: a valid row that is not dropped (the
-    stand-in row of `gradient_rows` for an all-dropped mini-batch has none)."""
+    """Whether any valid row is left undropped (`gradient_rows`' stand-in row of an all-dropped batch has no gradient)."""
     return bool((valid if clipped is None else valid & ~clipped[0]).any())
 
 
@@ -171,7 +170,8 @@ def rows_loss(
     outside_rows = 0 if clipped is None else int(clipped[0].sum())
     outside_objective = 0.0 if clipped is None else clipped[1]
     taught = inputs["hacpo_taught"][rows] & sub_valid if "hacpo_taught" in inputs else None
-    if taught is not None and bool(taught.any()):  # their own objective; the paper's loss counts them as constants
+    # taught rows get their own objective and enter the paper's loss as constants, like the dropped rows
+    if taught is not None and bool(taught.any()):
         log_ratio = sequence_log_ratio(
             logps[taught], mask[taught], old_mean[taught], inputs["hacpo_old_len"][rows][taught],
             mode=config.ratio_mode, max_abs_log_ratio=config.max_abs_log_ratio,

@@ -131,20 +131,17 @@ def build_peer_rows(
     """The peer rows for this process's self rows (``prompt_ids`` and ``rewards``, NaN = unscorable).
 
     Every record of one of these prompts by an agent of ``agent_names`` other than the learner is a candidate (in
-    ``agent_names`` order, then record order): pass the learner and the peers it learns from (``learn_from``,
-    ``capability_gate``); other agents' rows stay out of its joint groups, rewards included.
-    A candidate with a non-finite reward or old log-prob is rejected. Advantages are
-    :func:`~hacpo_trl.algorithm.capability_aware_advantages` over each prompt's joint group of finite rewards, self
-    rows included (a self row with a NaN reward gets 0). Then ``peer_filter="correct"`` drops peer rows without a
-    positive reward, ``"positive"`` those without a positive advantage (after the advantages, so they still count
-    in the baseline), and each remaining text is
-    re-tokenized by :func:`~hacpo_trl.retokenize.peer_completion_ids` (``None``: rejected). ``peer_weight``
-    multiplies the peer rows' advantages, so their objectives (the peer term is linear in A), after the baseline:
-    the fade of ``peer_fade_steps`` (:func:`~hacpo_trl.sharing.peer_fade_weight`). A peer named in
-    ``only_prompts`` enters only the joint groups of those prompts, rows and rewards alike (the prompts a closed peer
-    rescues, :func:`~hacpo_trl.sharing.rescued_prompts`); elsewhere it is left out as if not learned from. The rows
-    of a peer in ``taught`` are flagged for the bounded weight of :func:`~hacpo_trl.peer_loss.taught_weight` instead of
-    the band.
+    ``agent_names`` order, then record order): pass the learner and the peers it learns from, so that other agents'
+    rows and rewards stay out of its joint groups. A candidate with a non-finite reward or old log-prob is rejected.
+    Advantages are :func:`~hacpo_trl.algorithm.capability_aware_advantages` over each prompt's joint group of finite
+    rewards, self rows included (a self row with a NaN reward gets 0). Then ``peer_filter="correct"`` drops peer rows
+    without a positive reward, ``"positive"`` those without a positive advantage (they still count in the baseline),
+    and each remaining text is re-tokenized by :func:`~hacpo_trl.retokenize.peer_completion_ids` (``None``: rejected).
+
+    ``peer_weight`` (the fade of ``peer_fade_steps``) multiplies the peer rows' advantages after the baseline, so their
+    objectives too: the peer term is linear in A. A peer named in ``only_prompts`` (the prompts a closed peer rescues)
+    enters only those prompts' joint groups, rows and rewards alike. The rows of a peer in ``taught`` are flagged for
+    :func:`~hacpo_trl.peer_loss.taught_weight` instead of the band.
     """
     only_prompts = only_prompts or {}
     mine = set(prompt_ids)

@@ -36,11 +36,9 @@ class ResumeGradScaler(TrainerCallback):
 
 
 def advance_engine_scheduler(lr_scheduler) -> None:
-    """At a skipped update, the learning-rate schedule advances as at any other (the Trainer counts it as a step
-    and steps its scheduler). Under DeepSpeed with a scheduler the engine owns (a DeepSpeed config with an
-    `optimizer` or `scheduler` block) the Trainer's step is a no-op and the engine steps the schedule inside the
-    backward call, which a skipped update never makes: step it here, so every backend follows the same schedule.
-    (With a schedule that is not constant, a learner gated off is GSPO up to where in it each update falls.)"""
+    """Step the schedule of a skipped update when DeepSpeed's engine owns it (an `optimizer` or `scheduler` block in
+    its config): the engine steps it inside the backward a skipped update never makes, so every backend keeps GSPO's
+    schedule."""
     from accelerate.utils.deepspeed import DeepSpeedSchedulerWrapper
 
     if isinstance(lr_scheduler, DeepSpeedSchedulerWrapper):
@@ -58,15 +56,10 @@ def skipped_update(state: UpdateState, lr_scheduler) -> None:
 def pause_for_no_gradients(scaler, optimizer):
     """Make the coming optimizer step, with no parameter holding a gradient, change nothing and count as a step.
 
-    - fp16 mixed precision without DeepSpeed: torch's GradScaler finds no gradient to check for infs and fails
-      the step ("No inf checks were recorded for this optimizer"). It is paused for this step (the step is then
-      plain: AdamW leaves parameters without a gradient alone) and returned, for :class:`ResumeGradScaler` to resume
-      right after the step; its scale is unchanged.
-    - fp16 under DeepSpeed: the engine's overflow flag still holds the last real step's, so an overflow there
-      would read as a skipped step here and the Trainer would not step its schedule: cleared (the engine sets
-      it anew at every real step).
-
-    Returns the scaler paused, else None."""
+    An enabled GradScaler would fail it ("No inf checks were recorded"): it is paused (a plain AdamW step leaves
+    parameters without a gradient alone), scale unchanged, and returned for :class:`ResumeGradScaler` (else None).
+    DeepSpeed's fp16 overflow flag, left from the last real step, would make the Trainer skip its schedule step:
+    cleared (every real step sets it anew)."""
     from accelerate.utils.deepspeed import DeepSpeedOptimizerWrapper
 
     paused = None
