@@ -37,8 +37,8 @@ class ResumeGradScaler(TrainerCallback):
 
 def advance_engine_scheduler(lr_scheduler) -> None:
     """Step the schedule of a skipped update when DeepSpeed's engine owns it (an `optimizer` or `scheduler` block in
-    its config): the engine steps it inside the backward a skipped update never makes, so every backend keeps GSPO's
-    schedule."""
+    its config): the engine steps it inside the backward a skipped update never makes, and every backend must advance
+    the schedule at a skipped update as at any other."""
     from accelerate.utils.deepspeed import DeepSpeedSchedulerWrapper
 
     if isinstance(lr_scheduler, DeepSpeedSchedulerWrapper):
