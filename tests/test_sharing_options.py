@@ -591,25 +591,18 @@ def test_band_gate_closes_a_peer_with_no_row_in_the_band_and_the_learner_trains_
 @pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_band_gate_closes_a_taught_peer_none_of_whose_rows_reaches_the_floor(tmp_path, launch):
-    """qwen1 with `peer_prompts: better` and `band_gate`, and a band of width 1e-6 (no row is ever in it): its taught
-    rows count for the gate by the floor alone. llama0's traces are far less likely under qwen1 than under llama0
-    (ratios about 0.3 here), so with floor 0 qwen1 learns from llama0 at the batches llama0 teaches, and with floor
-    0.99 it learns from no one: the gate closes a peer whose taught rows would all be dropped (the band rows it
-    logs at those batches are 0)."""
-    runs = {}
-    for floor in ("0.0", "0.99"):
-        launch(2, "train_agents.py", "--out", str(tmp_path / floor), "--steps", "8", "--delta", "1e-6",
-               "--override", '1:peer_prompts="better"', "--override", "1:band_gate=true",
-               "--override", f"1:taught_ratio_floor={floor}")  # fmt: skip
-        _, qwen = summaries(tmp_path / floor)
-        taught = [float(t > 0) for t in _metric(qwen, "hacpo/taught_prompts/llama0")]
-        runs[floor] = taught, _metric(qwen, "hacpo/learns_from/llama0"), _metric(qwen, "hacpo/band_rows/llama0")
-    # the runs are the same up to the first batch llama0 teaches (the floor acts on taught rows only); the batch's
-    # taught share is logged after the gate
-    taught, opened, counted = runs["0.0"]
-    assert 1.0 in taught and opened == taught and counted and all(n > 0 for n in counted)
-    taught, opened, closed = runs["0.99"]
-    assert taught == opened == [0.0] * len(opened) and closed == [0.0] * len(counted)
+    """qwen1 with `peer_prompts: better`, `band_gate`, floor 0.99 and a band of width 1e-6 (no row is ever in it):
+    its taught rows count for the gate by the floor alone. llama0's traces are far less likely under qwen1 than under
+    llama0 (ratios about 0.3 here), so at each batch llama0 teaches (the gate runs and logs its count) no row reaches
+    the floor, and the gate closes llama0: qwen1 learns from no one. With the floor left out of the count (0), the
+    same batches count every taught row and llama0 stays open."""
+    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--delta", "1e-6",
+           "--override", '1:peer_prompts="better"', "--override", "1:band_gate=true",
+           "--override", "1:taught_ratio_floor=0.99")  # fmt: skip
+    _, qwen = summaries(tmp_path)
+    counted = _metric(qwen, "hacpo/band_rows/llama0")
+    assert counted and counted == [0.0] * len(counted)
+    assert _metric(qwen, "hacpo/learns_from/llama0") == [0.0] * 4 and _metric(qwen, "hacpo/peer_rows") == [0] * 4
 
 
 def test_skip_empty_updates_is_refused_under_deepspeed(tmp_path, monkeypatch):
