@@ -237,7 +237,9 @@ def test_band_gate_scores_peer_rows_by_length_in_as_many_forwards_as_the_busiest
     ratio = band_ratios(batch, index, score, size=2, most=5, config=HACPOLossConfig())
     assert scored == [[3, 4], [2], [0]]
     torch.testing.assert_close(ratio, torch.tensor([0.9, 1.5, 0.7]))
-    rows = SimpleNamespace(sources=["B", "B", "C", "C"], valid=[True, True, True, False])  # the appended peer rows
+    rows = SimpleNamespace(
+        sources=["B", "B", "C", "C"], valid=[True, True, True, False], taught=[False] * 4
+    )  # the appended peer rows
     assert band_counts(ratio, rows, ["B", "C"], HACPOLossConfig()) == [1, 0]  # only 0.9 is in [0.8, 1]
     # taught rows have no band: they count at or above the floor (0.7 and 1.5 do at 0.5, none at 2)
     rows.taught = [True, True, True, True]

@@ -265,7 +265,7 @@ def band_counts(
     :class:`~hacpo_trl.peer_rows.PeerRows` appended."""
     valid = [k for k, ok in enumerate(rows.valid) if ok]
     sources = [rows.sources[k] for k in valid]
-    taught = [bool(rows.taught[k]) for k in valid] if getattr(rows, "taught", None) else []
+    taught = [bool(rows.taught[k]) for k in valid]
     bound = stepwise_lower_bound(0, config.delta, config.delta_step)
     counts = peers_in_band(ratio, sources, peers, bound, taught, taught_floor)
     return [counts[p] for p in peers]
