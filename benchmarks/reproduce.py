@@ -157,6 +157,12 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
          **HACPO_SCHEDULE},
         8, 4,
     ),
+    # and a batch of taught rows on GSPO's schedule (2 updates, rows interleaved), not the paper's 4 (rule 12)
+    "HACPO correct + per-prompt floor 0.2 + GSPO solo schedule + band gate": (
+        {"peer_filter": "correct", "peer_prompts": "better", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
+         **SOLO, "band_gate": True, **HACPO_SCHEDULE},
+        8, 4,
+    ),
 }  # fmt: skip
 METHODS |= CANDIDATES
 # the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset

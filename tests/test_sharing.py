@@ -53,7 +53,7 @@ def test_the_settings_are_the_lists_other_modules_read():
     assert LEARNER_SETTINGS == (
         "peer_filter", "learn_from", "capability_gate", "capability_gate_warmup", "capability_gate_confidence",
         "capability_gate_rescue", "peer_fade_steps", "solo_steps_per_generation", "skip_empty_updates", "band_gate",
-        "peer_prompts", "taught_ratio_floor",
+        "peer_prompts", "taught_ratio_floor", "taught_schedule",
     )  # fmt: skip
     start = CARD_SETTINGS.index("peer_filter")
     assert CARD_SETTINGS[start : start + len(LEARNER_SETTINGS)] == LEARNER_SETTINGS
@@ -66,7 +66,7 @@ def test_settings_from_a_configs_values_take_the_learner_fields_and_check_them_i
     values = {**dict.fromkeys(LEARNER_SETTINGS), "peer_filter": "correct", "learn_from": "B", "capability_gate": 1.0}
     values.update(capability_gate_warmup=2, capability_gate_confidence=0.0, capability_gate_rescue=True)
     values.update(peer_fade_steps=0, band_gate=False, naive=False, peer_clipping=True, capability_metric="accuracy")
-    values.update(peer_prompts="all", taught_ratio_floor=0.2)
+    values.update(peer_prompts="all", taught_ratio_floor=0.2, taught_schedule="sharing")
     settings = SharingSettings.from_values(values)
     assert (settings.peer_filter, settings.learn_from, settings.capability_gate_warmup) == ("correct", "B", 2)
     with pytest.raises(ValueError, match=r"^agent 'a': `band_gate` closes a peer .* no band"):
@@ -101,7 +101,7 @@ def test_decide_opens_peers_by_learn_from_and_the_gate_by_hand():
     assert decide(_settings(capability_gate=1.0), "A", AGENTS, CAPS, ROWS, 0, 0).open == ("C",)
     assert decide(_settings(capability_gate=0.5), "A", AGENTS, CAPS, ROWS, 0, 0).open == ("B", "C")
     alone = decide(_settings(learn_from="B", capability_gate=1.0), "A", AGENTS, CAPS, ROWS, 0, 0)
-    assert alone.open == () and alone.solo and not alone.rescue_only
+    assert alone.open == () and alone.solo and not alone.few_prompts
 
 
 def test_decide_keeps_every_peer_closed_during_the_warmup():
@@ -127,11 +127,11 @@ def test_decide_rescues_the_prompts_a_closed_peer_solved_and_the_learner_failed(
     settings = _settings(capability_gate=1.0, capability_gate_rescue=True)
     both = decide(settings, "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS)
     assert both.open == ("C",) and both.rescued == {"B": frozenset({"p0"})}
-    assert both.involved == ("C", "B") and not both.rescue_only and both.only_prompts() == {"B": {"p0"}}
+    assert both.involved == ("C", "B") and not both.few_prompts and both.only_prompts() == {"B": {"p0"}}
     assert both.rows_args() == (("C", "B"), {"B": {"p0"}}, 1.0, frozenset())
     only_b = decide(_settings(learn_from="B", capability_gate=1.0, capability_gate_rescue=True), "A", AGENTS, CAPS,
                     ROWS, 0, 0, RECORDS)  # fmt: skip
-    assert only_b.open == () and only_b.involved == ("B",) and only_b.rescue_only and not only_b.solo
+    assert only_b.open == () and only_b.involved == ("B",) and only_b.few_prompts and not only_b.solo
     assert decide(settings, "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS, training=False).rescued == {}
     # B is the weakest: A and C are open to it, and no closed peer is left to rescue from
     assert decide(settings, "B", AGENTS, CAPS, ROWS, 0, 0, RECORDS).rescued == {}
@@ -145,7 +145,7 @@ def test_the_band_gate_closes_the_involved_peers_with_no_row_in_the_band():
     assert closed == PeerDecision(("C",), {"B": frozenset()}, 0.5)
     assert closed.involved == ("C",) and closed.only_prompts() == {}
     assert decision.close_outside_band({"C": 0, "B": 0}).solo
-    assert decision.close_outside_band({"C": 0, "B": 1}).rescue_only
+    assert decision.close_outside_band({"C": 0, "B": 1}).few_prompts
 
 
 def test_a_peer_limited_to_some_prompts_enters_only_those():
@@ -161,14 +161,14 @@ def test_a_peer_limited_to_some_prompts_enters_only_those():
 def test_a_batch_plan_by_hand():
     """`steps_per_generation: 4`, 2 iterations (8 micro-steps per batch). With peers every micro-batch is made.
     Without peers and `solo_steps_per_generation: 2`: micro-steps 2, 3, 6, 7 are skipped, never 0 (it generates)."""
-    shared = plan_batch(16, peers=True, rescue_only=False, steps_per_generation=4, solo_micro_batches=2, iterations=2)
-    assert shared == BatchPlan(16, 4, 4, 2, solo=False, rescue_only=False)
+    shared = plan_batch(16, peers=True, few_prompts=False, steps_per_generation=4, solo_micro_batches=2, iterations=2)
+    assert shared == BatchPlan(16, 4, 4, 2, solo=False, few_prompts=False)
     assert [s for s in range(16) if shared.skips(s)] == []
-    solo = plan_batch(16, peers=False, rescue_only=False, steps_per_generation=4, solo_micro_batches=2, iterations=2)
+    solo = plan_batch(16, peers=False, few_prompts=False, steps_per_generation=4, solo_micro_batches=2, iterations=2)
     assert solo.solo and solo.micro_batches == 2 and solo.generate_every == 8
     assert [s for s in range(16) if solo.skips(s)] == [2, 3, 6, 7, 10, 11, 14, 15]
     assert [s for s in range(16) if solo.ends_batch(s)] == [7, 15]
-    rescue = plan_batch(16, peers=True, rescue_only=True, steps_per_generation=4, solo_micro_batches=2, iterations=2)
+    rescue = plan_batch(16, peers=True, few_prompts=True, steps_per_generation=4, solo_micro_batches=2, iterations=2)
     assert rescue.micro_batches == 2 and not rescue.solo
     assert [rescue.update_index(s, 1) for s in (0, 1, 4, 5, 8)] == [0, 1, 2, 3, 0]
     assert [shared.update_index(s, 2) for s in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
@@ -221,7 +221,7 @@ def test_decide_with_peer_prompts_keeps_each_peer_only_where_it_did_better():
     assert decision.open == ("B",) and decision.prompts == {"B": frozenset({"p0", "p1"})}
     assert decision.taught == {"B"} and decision.batch_prompts == 2
     assert decision.rows_args() == (("B",), {"B": {"p0", "p1"}}, 1.0, frozenset({"B"}))
-    assert not decision.solo and not decision.rescue_only
+    assert not decision.solo and not decision.few_prompts
     gated = decide(_settings(peer_prompts="better", capability_gate=1.0), "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS)
     assert gated.solo  # the gate closes B (0.25 < 0.5); C is open but better nowhere
     assert decide(settings, "C", AGENTS, CAPS, ROWS, 0, 0, RECORDS).open == ("B",)  # B also beats C on p0
@@ -235,3 +235,19 @@ def test_decide_with_peer_prompts_keeps_each_peer_only_where_it_did_better():
         with pytest.raises(ValueError, match=r"`taught_ratio_floor` must be a number in \[0, 1\), got "):
             _settings(peer_prompts="better", taught_ratio_floor=floor)
     assert _settings(taught_ratio_floor=0).taught_ratio_floor == 0
+
+
+def test_taught_schedule_solo_keeps_a_batch_of_taught_rows_on_the_solo_schedule():
+    """`taught_schedule: solo`: the decision of the test above, now cut as a batch learned from no one (2 updates of
+    own and taught rows interleaved, not 4 with own rows first); a batch with an open peer on every prompt, or a
+    rescued prompt beside an open peer, keeps the sharing schedule as before. Refused without taught rows."""
+    decision = decide(_settings(peer_prompts="better", taught_schedule="solo"), "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS)
+    assert decision.open == ("B",) and decision.taught == {"B"} and decision.few_prompts and not decision.solo
+    assert decision.close_outside_band({"B": 1}).few_prompts and decision.close_outside_band({"B": 0}).solo
+    plan = plan_batch(16, True, decision.few_prompts, steps_per_generation=4, solo_micro_batches=2, iterations=1)
+    assert plan == BatchPlan(16, 2, 4, 1, solo=False, few_prompts=True)
+    assert not decide(_settings(), "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS).few_prompts  # B and C open everywhere
+    with pytest.raises(ValueError, match=r"`taught_schedule: solo` lays out .* `peer_prompts` is 'all'"):
+        _settings(taught_schedule="solo")
+    with pytest.raises(ValueError, match=r"`taught_schedule` must be one of \('sharing', 'solo'\), got 'paper'"):
+        _settings(peer_prompts="better", taught_schedule="paper")

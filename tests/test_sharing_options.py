@@ -995,7 +995,7 @@ def test_a_rescue_batch_counts_only_the_updates_it_makes_in_the_stepwise_bound()
     from hacpo_trl.schedule import plan_batch
 
     for rescue, expected in ((False, [0, 1, 4, 5]), (True, [0, 1, 2, 3])):
-        plan = plan_batch(8, peers=True, rescue_only=rescue, steps_per_generation=4, solo_micro_batches=2, iterations=2)
+        plan = plan_batch(8, peers=True, few_prompts=rescue, steps_per_generation=4, solo_micro_batches=2, iterations=2)
         got = []
         for step in (0, 1, 4, 5):
             got.append(plan.update_index(step, gradient_accumulation_steps=1))

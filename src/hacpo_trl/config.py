@@ -167,6 +167,13 @@ class HACPOConfig(GRPOConfig):
             peer writes another format (`style`, until the learner began to write it), 0.48–0.91 where the peer
             knows the half of the task the learner does not (`complement`), 0.6–1.1 in `state` and `model`. `0`
             keeps every taught row. In [0, 1). Not in the paper. May differ per agent (`overrides`).
+        taught_schedule (`str`, *optional*, defaults to `"sharing"`):
+            With `peer_prompts: better`, how a generation batch with taught rows is cut into updates: `"sharing"`,
+            the paper's schedule (`steps_per_generation` updates, own rows first), or `"solo"`: the schedule of a
+            batch learned from no one (`solo_steps_per_generation` updates), own and taught rows interleaved, as a
+            batch of rescued rows (`capability_gate_rescue`). A few taught rows then add to GSPO's updates instead of
+            doubling their number: with `solo_steps_per_generation: 2` a learner makes GSPO's 2 updates of 32 own
+            rows whether or not a peer taught it. Not in the paper. May differ per agent (`overrides`).
         capability_gate_rescue (`bool`, *optional*, defaults to `False`):
             With `capability_gate` > 0, a peer the gate keeps closed still lends its rows on the prompts this learner
             failed at every completion (none with a positive reward, over all its ranks) and the peer solved at least
@@ -335,6 +342,10 @@ class HACPOConfig(GRPOConfig):
     )
     taught_ratio_floor: float = field(
         default=0.2, metadata={"help": "With peer_prompts 'better': taught rows with ratio below this get no gradient."}
+    )
+    taught_schedule: str = field(
+        default="sharing",
+        metadata={"help": "With peer_prompts 'better': 'sharing', or 'solo': a batch of taught rows keeps the solo schedule."},
     )
     peer_fade_steps: int = field(
         default=0, metadata={"help": "Fade the peer rows' weight linearly to 0 over this many steps; 0 = no fade."}

@@ -331,7 +331,7 @@ def micro_batches(batch: dict, plan, settings) -> list[dict | None]:
     if plan.solo:  # own rows only, trained with TRL's own loss
         batch = shuffle_sequence_dict(batch)  # exactly TRL's order when there are no peer rows
     else:
-        batch = order_rows(batch, plan.own_rows, steps, "interleaved" if plan.rescue_only else settings.peer_layout)
+        batch = order_rows(batch, plan.own_rows, steps, "interleaved" if plan.few_prompts else settings.peer_layout)
     if settings.group_by_length:
         batch = group_by_length(batch, steps, settings.gradient_accumulation_steps, settings.share_rollouts)
     return split_tensor_dict(batch, steps) + [None] * (plan.steps_per_generation - steps)

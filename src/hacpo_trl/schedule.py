@@ -118,15 +118,15 @@ def ends_inside_batch(
 class BatchPlan:
     """How one generation batch is trained: its ``own_rows`` come first; each of its ``num_iterations`` iterations
     makes the first ``micro_batches`` of ``steps_per_generation`` micro-batches and skips the rest. A ``solo`` batch
-    holds own rows only (TRL's loss); a ``rescue_only`` one holds peer rows of rescued prompts only, on the solo
-    schedule."""
+    holds own rows only (TRL's loss); a ``few_prompts`` one holds peer rows of some prompts only (rescued, or taught
+    with `taught_schedule: solo`), on the solo schedule."""
 
     own_rows: int
     micro_batches: int
     steps_per_generation: int
     num_iterations: int = 1
     solo: bool = True
-    rescue_only: bool = False
+    few_prompts: bool = False
 
     @property
     def generate_every(self) -> int:
@@ -139,7 +139,7 @@ class BatchPlan:
 
     def update_index(self, step: int, gradient_accumulation_steps: int) -> int:
         """m of Eq. 14 at micro-step ``step`` (a rescue batch does not count its skipped micro-batches)."""
-        if not self.rescue_only:
+        if not self.few_prompts:
             return current_update(step, self.generate_every, gradient_accumulation_steps)
         made = self.micro_batches
         return current_update(step, self.generate_every, gradient_accumulation_steps, self.steps_per_generation, made)
@@ -150,12 +150,12 @@ class BatchPlan:
 
 
 def plan_batch(
-    own_rows: int, peers: bool, rescue_only: bool, steps_per_generation: int, solo_micro_batches: int, iterations: int
+    own_rows: int, peers: bool, few_prompts: bool, steps_per_generation: int, solo_micro_batches: int, iterations: int
 ) -> BatchPlan:
     """The plan of a batch of ``own_rows`` own rows: the sharing schedule with peer rows, the solo schedule without
     them or with rescued peer rows only."""
-    micro = steps_per_generation if peers and not rescue_only else solo_micro_batches
-    return BatchPlan(own_rows, micro, steps_per_generation, iterations, solo=not peers, rescue_only=rescue_only)
+    micro = steps_per_generation if peers and not few_prompts else solo_micro_batches
+    return BatchPlan(own_rows, micro, steps_per_generation, iterations, solo=not peers, few_prompts=few_prompts)
 
 
 @dataclass

@@ -33,6 +33,7 @@ __all__ = [
     "PEER_FILTERS",
     "PEER_PROMPTS",
     "PEER_LIMITS",
+    "TAUGHT_SCHEDULES",
     "RUN_WIDE_SETTINGS",
     "PeerDecision",
     "SharingSettings",
@@ -48,6 +49,7 @@ __all__ = [
 
 PEER_FILTERS = ("all", "correct", "positive")
 PEER_PROMPTS = ("all", "better")
+TAUGHT_SCHEDULES = ("sharing", "solo")
 
 # Sharing settings every agent must hold equal (unlike a learner's own choices): every agent exchanges at every
 # generation batch, and every learner must compute every agent's P̂ alike.
@@ -102,6 +104,7 @@ class SharingSettings:
     band_gate: bool = False
     peer_prompts: str = field(default="all", metadata={"limits_peers": True})
     taught_ratio_floor: float = 0.2
+    taught_schedule: str = "sharing"
     capability_metric: InitVar[str] = "accuracy"
     band: InitVar[bool] = True
     who: InitVar[str] = ""
@@ -153,6 +156,13 @@ class SharingSettings:
         floor = self.taught_ratio_floor
         if isinstance(floor, bool) or not (isinstance(floor, int | float) and 0 <= floor < 1):
             raise ValueError(f"{who}`taught_ratio_floor` must be a number in [0, 1), got {floor!r}")
+        if self.taught_schedule not in TAUGHT_SCHEDULES:
+            raise ValueError(f"{who}`taught_schedule` must be one of {TAUGHT_SCHEDULES}, got {self.taught_schedule!r}")
+        if self.taught_schedule == "solo" and self.peer_prompts != "better":
+            raise ValueError(
+                f"{who}`taught_schedule: solo` lays out a batch of taught rows, and `peer_prompts` is "
+                f"{self.peer_prompts!r} (no taught rows): set peer_prompts 'better' or taught_schedule 'sharing'"
+            )
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any], who: str = "") -> SharingSettings:
@@ -341,7 +351,7 @@ class PeerDecision:
     which it still lends its rows (`capability_gate_rescue`; empty: none). ``weight`` scales the peer rows'
     advantages (`peer_fade_steps`). ``taught`` peers are limited to the prompts they do better on (`peer_prompts`)
     and give taught rows (:func:`~hacpo_trl.peer_loss.taught_weight`); ``batch_prompts`` counts the batch's
-    prompts."""
+    prompts. ``taught_on_solo``: a batch of taught rows keeps the solo schedule (`taught_schedule: solo`)."""
 
     open: tuple[str, ...] = ()
     rescued: Mapping[str, frozenset[str]] = field(default_factory=dict)
@@ -349,6 +359,7 @@ class PeerDecision:
     prompts: Mapping[str, frozenset[str]] = field(default_factory=dict)
     taught: frozenset[str] = frozenset()
     batch_prompts: int = 0
+    taught_on_solo: bool = False
 
     @property
     def involved(self) -> tuple[str, ...]:
@@ -361,9 +372,10 @@ class PeerDecision:
         return not self.involved
 
     @property
-    def rescue_only(self) -> bool:
-        """Peer rows from rescued prompts only: the batch keeps the schedule of one learned from no one."""
-        return bool(self.involved) and not self.open
+    def few_prompts(self) -> bool:
+        """Peer rows of some prompts only (rescued ones, or taught ones with ``taught_on_solo``): the batch keeps
+        the schedule of one learned from no one."""
+        return bool(self.involved) and (not self.open or self.taught_on_solo)
 
     def only_prompts(self) -> dict[str, frozenset[str]]:
         """The peers limited to some prompts (:func:`~hacpo_trl.peer_rows.build_peer_rows`'s ``only_prompts``)."""
@@ -387,6 +399,7 @@ class PeerDecision:
             {p: prompts for p, prompts in self.prompts.items() if p in keep},
             self.taught & keep,
             self.batch_prompts,
+            self.taught_on_solo,
         )
 
 
@@ -407,7 +420,7 @@ def decide(
     after ``step`` optimizer steps (:func:`peer_fade_weight`); with `capability_gate_rescue`, in training, the
     prompts each closed peer rescues (:func:`rescued_prompts`, from every rank's ``records``); with `peer_prompts:
     better`, in training, each open peer only on the prompts it does better on (:func:`better_prompts`), and none on
-    a batch where it does better on none. Outside training peers keep their full weight and nothing is rescued."""
+    a batch where it does better on none (with `taught_schedule: solo` such a batch keeps the solo schedule). Outside training peers keep their full weight and nothing is rescued."""
     weight = peer_fade_weight(step, settings.peer_fade_steps) if training else 1.0
     allowed = parse_learn_from(settings.learn_from, list(agents))
     peers = open_peers(
@@ -423,5 +436,6 @@ def decide(
     if settings.peer_prompts == "better" and training:
         better = {p: frozenset(prompts) for p, prompts in better_prompts(records, learner, peers).items() if prompts}
         count = len({pid for r in records for pid in r.prompt_ids})
-        return PeerDecision(tuple(better), rescued, weight, better, frozenset(better), count)
+        on_solo = settings.taught_schedule == "solo"
+        return PeerDecision(tuple(better), rescued, weight, better, frozenset(better), count, on_solo)
     return PeerDecision(tuple(peers), rescued, weight)

@@ -87,7 +87,7 @@ class HACPOTrainer(GRPOTrainer):
         self.add_callback(updates.ResumeGradScaler(self._updates))
         self._self_on_policy = self._one_update(args.steps_per_generation)
         # how the buffered generation batch is trained, set with each one; before the first: skip nothing
-        self._plan: schedule.BatchPlan = self._plan_for(0, peers=True, rescue_only=False)
+        self._plan: schedule.BatchPlan = self._plan_for(0, peers=True, few_prompts=False)
 
     def _one_update(self, steps: int) -> bool:
         """Whether ``steps`` micro-batches per generation batch make one update: TRL then computes no old log-probs."""
@@ -104,9 +104,9 @@ class HACPOTrainer(GRPOTrainer):
         sharing = self.args.share_rollouts and len(self.agent_names) > 1 and self.model.training
         return schedule.solo_steps(self.args.steps_per_generation, self.args.solo_steps_per_generation, sharing)
 
-    def _plan_for(self, own_rows: int, peers: bool, rescue_only: bool) -> schedule.BatchPlan:
+    def _plan_for(self, own_rows: int, peers: bool, few_prompts: bool) -> schedule.BatchPlan:
         steps, solo = self.args.steps_per_generation, self._solo_steps()
-        return schedule.plan_batch(own_rows, peers, rescue_only, steps, solo, self.num_iterations)
+        return schedule.plan_batch(own_rows, peers, few_prompts, steps, solo, self.num_iterations)
 
     def _log(self, mode: str, values: dict[str, float]) -> None:
         for key, value in values.items():
@@ -245,8 +245,8 @@ class HACPOTrainer(GRPOTrainer):
                 # as GSPO on the solo schedule (none: ratio 1 exactly; another shape can change the last bits)
                 batch.pop("old_per_token_logps", None)
             return self._own_rows_only(batch)
-        # a batch whose peer rows are rescued ones only is cut into the micro-batches of a batch learned from no one
-        plan = self._plan_for(len(prompt_ids), peers=True, rescue_only=decision.rescue_only)
+        # a batch whose peer rows are rescued (or taught, `taught_schedule: solo`) ones only keeps the solo schedule
+        plan = self._plan_for(len(prompt_ids), peers=True, few_prompts=decision.few_prompts)
         batch = self._add_peer_rows(batch, rows, prompt_ids, exchange_time, mode, plan.micro_batches)
         self._plan = plan
         return batch
@@ -254,7 +254,7 @@ class HACPOTrainer(GRPOTrainer):
     def _own_rows_only(self, batch: dict) -> dict:
         """TRL's batch of the learner's own rows, with TRL's advantages: what GSPO trains on (with TRL's loss)."""
         if self.model.training:
-            self._plan = self._plan_for(len(batch["advantages"]), peers=False, rescue_only=False)
+            self._plan = self._plan_for(len(batch["advantages"]), peers=False, few_prompts=False)
         batch["advantages"] = torch.nan_to_num(batch["advantages"], nan=0.0)
         return batch
 
@@ -384,7 +384,7 @@ class HACPOTrainer(GRPOTrainer):
         plan = self._plan
         if plan.skips(self._step):
             # beyond `solo_steps_per_generation`: no forward, no gradient, an optimizer step that changes nothing
-            if plan.rescue_only and plan.ends_batch(self._step):
+            if plan.few_prompts and plan.ends_batch(self._step):
                 self._collect_peer_ratios(torch.zeros(0), 0.0)  # the batch's last micro-step: log its peer ratios
             model.train()  # as Trainer.training_step would: after an evaluation the logs must read as training's
             self._step += 1  # TRL's micro-batch counter, as its own training_step would advance it
