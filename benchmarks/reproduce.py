@@ -163,6 +163,12 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
          **SOLO, "band_gate": True, **HACPO_SCHEDULE},
         8, 4,
     ),
+    # and only on the prompts the learner failed entirely, where GSPO has no signal (rule 13)
+    "HACPO correct + failed-prompt floor 0.2 + GSPO solo schedule + band gate": (
+        {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
+         **SOLO, "band_gate": True, **HACPO_SCHEDULE},
+        8, 4,
+    ),
 }  # fmt: skip
 METHODS |= CANDIDATES
 # the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset

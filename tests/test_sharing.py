@@ -229,12 +229,25 @@ def test_decide_with_peer_prompts_keeps_each_peer_only_where_it_did_better():
     # the band gate counts a taught peer's rows at or above the floor (peers_in_band): none there closes it
     assert decision.close_outside_band({"B": 2}) == decision
     assert decision.close_outside_band({"B": 0}).solo
-    with pytest.raises(ValueError, match="`peer_prompts` must be one of \\('all', 'better'\\), got 'some'"):
+    with pytest.raises(ValueError, match="`peer_prompts` must be one of \\('all', 'better', 'failed'\\), got 'some'"):
         _settings(peer_prompts="some")
     for floor in (-0.1, 1.0, True, "0.2"):
         with pytest.raises(ValueError, match=r"`taught_ratio_floor` must be a number in \[0, 1\), got "):
             _settings(peer_prompts="better", taught_ratio_floor=floor)
     assert _settings(taught_ratio_floor=0).taught_ratio_floor == 0
+
+
+def test_decide_with_peer_prompts_failed_keeps_each_peer_only_where_the_learner_failed_entirely():
+    """`peer_prompts: failed`: A failed p0 at both completions and B solved it once, so B teaches A p0 only; on p1
+    B did better than A (1 against 1/2) but A solved it once, so A keeps GSPO's signal there (`better` would teach
+    p1 too). C solved nothing A failed: it leaves. Taught rows as with `better`, on the solo schedule if asked."""
+    decision = decide(_settings(peer_prompts="failed"), "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS)
+    assert decision.open == ("B",) and decision.prompts == {"B": frozenset({"p0"})} and decision.taught == {"B"}
+    assert decision.batch_prompts == 2 and not decision.few_prompts
+    assert decide(_settings(peer_prompts="better"), "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS).prompts["B"] == {"p0", "p1"}
+    assert decide(_settings(peer_prompts="failed"), "B", AGENTS, CAPS, ROWS, 0, 0, RECORDS).solo  # B failed nothing
+    solo = decide(_settings(peer_prompts="failed", taught_schedule="solo"), "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS)
+    assert solo.few_prompts and solo.prompts == decision.prompts
 
 
 def test_taught_schedule_solo_keeps_a_batch_of_taught_rows_on_the_solo_schedule():

@@ -157,23 +157,27 @@ class HACPOConfig(GRPOConfig):
             a stronger learner takes a weaker peer's rows only where the peer did better. Combines with
             `peer_filter`, `learn_from` and the capability gate (a closed peer stays closed); `band_gate` closes a
             taught peer none of whose rows is at or above `taught_ratio_floor`. A batch where no peer does better on
-            any prompt is learned from no one (`solo_steps_per_generation`). Logged as `hacpo/taught_prompts/<peer>` (share of the batch's prompts).
-            Not in the paper. May differ per agent (`overrides`).
+            any prompt is learned from no one (`solo_steps_per_generation`). `"failed"`: the same, on the prompts the
+            learner failed at every completion and the peer solved at least once (the prompts where GSPO has no
+            signal), so a prompt the learner solves sometimes is trained as GSPO trains it. Logged as
+            `hacpo/taught_prompts/<peer>` (share of the batch's prompts). Not in the paper. May differ per agent
+            (`overrides`).
         taught_ratio_floor (`float`, *optional*, defaults to `0.2`):
-            With `peer_prompts: better`, a taught row whose ratio s is below this floor gets no gradient (it skips
-            the backward pass like a row outside the band): the guard against a peer that writes in a format the
-            learner cannot produce, whose correct traces would otherwise teach that format. On the benchmark's
-            validation runs without a floor, the taught rows' geometric-mean s per batch was 0.006–0.09 where the
-            peer writes another format (`style`, until the learner began to write it), 0.48–0.91 where the peer
-            knows the half of the task the learner does not (`complement`), 0.6–1.1 in `state` and `model`. `0`
-            keeps every taught row. In [0, 1). Not in the paper. May differ per agent (`overrides`).
+            With `peer_prompts` 'better' or 'failed', a taught row whose ratio s is below this floor gets no gradient
+            (it skips the backward pass like a row outside the band): the guard against a peer that writes in a format
+            the learner cannot produce, whose correct traces would otherwise teach that format. On the benchmark's
+            validation runs without a floor, the taught rows' geometric-mean s per batch was 0.006–0.09 where the peer
+            writes another format (`style`, until the learner began to write it), 0.48–0.91 where the peer knows the
+            half of the task the learner does not (`complement`), 0.6–1.1 in `state` and `model`. `0` keeps every taught
+            row. In [0, 1). Not in the paper. May differ per agent (`overrides`).
         taught_schedule (`str`, *optional*, defaults to `"sharing"`):
-            With `peer_prompts: better`, how a generation batch with taught rows is cut into updates: `"sharing"`,
-            the paper's schedule (`steps_per_generation` updates, own rows first), or `"solo"`: the schedule of a
-            batch learned from no one (`solo_steps_per_generation` updates), own and taught rows interleaved, as a
-            batch of rescued rows (`capability_gate_rescue`). A few taught rows then add to GSPO's updates instead of
-            doubling their number: with `solo_steps_per_generation: 2` a learner makes GSPO's 2 updates of 32 own
-            rows whether or not a peer taught it. Not in the paper. May differ per agent (`overrides`).
+            With `peer_prompts` 'better' or 'failed', how a generation batch with taught rows is cut into updates:
+            `"sharing"`, the paper's schedule (`steps_per_generation` updates, own rows first), or `"solo"`: the
+            schedule of a batch learned from no one (`solo_steps_per_generation` updates), own and taught rows
+            interleaved, as a batch of rescued rows (`capability_gate_rescue`). A few taught rows then add to GSPO's
+            updates instead of doubling their number: with `solo_steps_per_generation: 2` a learner makes GSPO's 2
+            updates of 32 own rows whether or not a peer taught it. Not in the paper. May differ per agent
+            (`overrides`).
         capability_gate_rescue (`bool`, *optional*, defaults to `False`):
             With `capability_gate` > 0, a peer the gate keeps closed still lends its rows on the prompts this learner
             failed at every completion (none with a positive reward, over all its ranks) and the peer solved at least
@@ -338,14 +342,15 @@ class HACPOConfig(GRPOConfig):
         default=False, metadata={"help": "Learn from a peer only at batches where some of its rows are in the band."}
     )
     peer_prompts: str = field(
-        default="all", metadata={"help": "'all', or 'better': a peer's rows only on prompts it did better on."}
+        default="all",
+        metadata={"help": "'all'; 'better' / 'failed': a peer's rows only where it did better / the learner failed."},
     )
     taught_ratio_floor: float = field(
-        default=0.2, metadata={"help": "With peer_prompts 'better': taught rows with ratio below this get no gradient."}
+        default=0.2, metadata={"help": "With per-prompt sharing: taught rows with ratio below this get no gradient."}
     )
     taught_schedule: str = field(
         default="sharing",
-        metadata={"help": "With peer_prompts 'better': 'sharing', or 'solo': a batch of taught rows keeps the solo schedule."},
+        metadata={"help": "With per-prompt sharing: 'solo': a batch of taught rows keeps the solo schedule."},
     )
     peer_fade_steps: int = field(
         default=0, metadata={"help": "Fade the peer rows' weight linearly to 0 over this many steps; 0 = no fade."}

@@ -150,13 +150,13 @@ def sharing_metrics(
     learner: str, agents: list[str], decision, settings, capabilities: dict[str, float], rows: dict[str, int]
 ) -> dict[str, float]:
     """A learner's :class:`~hacpo_trl.sharing.PeerDecision` at a generation batch: whom it learns from and its peers'
-    weight; with `capability_gate_rescue` the prompts each peer rescued, with `peer_prompts: better` the share of
-    prompts each peer teaches, with `capability_gate_confidence` each peer's evidence."""
+    weight; with `capability_gate_rescue` the prompts each peer rescued, with `peer_prompts` 'better' or 'failed' the
+    share of prompts each peer teaches, with `capability_gate_confidence` each peer's evidence."""
     out = learns_from_metrics(learner, agents, list(decision.open), decision.weight)
     if settings.capability_gate_rescue:
         others = [a for a in agents if a != learner]
         out.update({f"hacpo/rescued_prompts/{p}": float(len(decision.rescued.get(p, ()))) for p in others})
-    if settings.peer_prompts == "better":
+    if settings.peer_prompts != "all":
         others = [a for a in agents if a != learner]
         share = {p: len(decision.prompts.get(p, ())) / max(decision.batch_prompts, 1) for p in others}
         out.update({f"hacpo/taught_prompts/{p}": share[p] for p in others})

@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 PEER_FILTERS = ("all", "correct", "positive")
-PEER_PROMPTS = ("all", "better")
+PEER_PROMPTS = ("all", "better", "failed")
 TAUGHT_SCHEDULES = ("sharing", "solo")
 
 # Sharing settings every agent must hold equal (unlike a learner's own choices): every agent exchanges at every
@@ -158,10 +158,10 @@ class SharingSettings:
             raise ValueError(f"{who}`taught_ratio_floor` must be a number in [0, 1), got {floor!r}")
         if self.taught_schedule not in TAUGHT_SCHEDULES:
             raise ValueError(f"{who}`taught_schedule` must be one of {TAUGHT_SCHEDULES}, got {self.taught_schedule!r}")
-        if self.taught_schedule == "solo" and self.peer_prompts != "better":
+        if self.taught_schedule == "solo" and self.peer_prompts == "all":
             raise ValueError(
                 f"{who}`taught_schedule: solo` lays out a batch of taught rows, and `peer_prompts` is "
-                f"{self.peer_prompts!r} (no taught rows): set peer_prompts 'better' or taught_schedule 'sharing'"
+                f"{self.peer_prompts!r} (no taught rows): set peer_prompts 'better' or 'failed', or taught_schedule 'sharing'"
             )
 
     @classmethod
@@ -419,8 +419,10 @@ def decide(
     P̂ and ``batches_seen`` the generation batches before this one), none once `peer_fade_steps` has faded them out
     after ``step`` optimizer steps (:func:`peer_fade_weight`); with `capability_gate_rescue`, in training, the
     prompts each closed peer rescues (:func:`rescued_prompts`, from every rank's ``records``); with `peer_prompts:
-    better`, in training, each open peer only on the prompts it does better on (:func:`better_prompts`), and none on
-    a batch where it does better on none (with `taught_schedule: solo` such a batch keeps the solo schedule). Outside training peers keep their full weight and nothing is rescued."""
+    better`, in training, each open peer only on the prompts it does better on (:func:`better_prompts`), with
+    `peer_prompts: failed` only on those the learner failed entirely and it solved (:func:`rescued_prompts`), and
+    none on a batch without such a prompt (with `taught_schedule: solo` a batch of taught rows keeps the solo
+    schedule). Outside training peers keep their full weight and nothing is rescued."""
     weight = peer_fade_weight(step, settings.peer_fade_steps) if training else 1.0
     allowed = parse_learn_from(settings.learn_from, list(agents))
     peers = open_peers(
@@ -433,9 +435,10 @@ def decide(
     if settings.capability_gate_rescue and training:
         closed = [a for a in agents if a != learner and a not in peers and (allowed is None or a in allowed)]
         rescued = {p: frozenset(prompts) for p, prompts in rescued_prompts(records, learner, closed).items()}
-    if settings.peer_prompts == "better" and training:
-        better = {p: frozenset(prompts) for p, prompts in better_prompts(records, learner, peers).items() if prompts}
+    if settings.peer_prompts != "all" and training:
+        chosen = better_prompts if settings.peer_prompts == "better" else rescued_prompts
+        taught = {p: frozenset(prompts) for p, prompts in chosen(records, learner, peers).items() if prompts}
         count = len({pid for r in records for pid in r.prompt_ids})
         on_solo = settings.taught_schedule == "solo"
-        return PeerDecision(tuple(better), rescued, weight, better, frozenset(better), count, on_solo)
+        return PeerDecision(tuple(taught), rescued, weight, taught, frozenset(taught), count, on_solo)
     return PeerDecision(tuple(peers), rescued, weight)
