@@ -29,8 +29,8 @@ $(VENV)/.installed: pyproject.toml
 DEMO_PAIR ?= size
 DEMO_METHOD ?= preset
 # The preset's settings as flags: RECOMMENDED in benchmarks/reproduce.py (tests/test_docs.py keeps the two equal).
-PRESET_ARGS = --peer_filter correct --capability_gate 1.0 --capability_gate_confidence 0.95 --band_gate true \
-	--solo_steps_per_generation 2
+PRESET_ARGS = --peer_filter correct --peer_prompts failed --taught_ratio_floor 0.2 --taught_schedule solo \
+	--band_gate true --solo_steps_per_generation 2
 # GSPO as the benchmark runs it: no sharing, 2 updates of 32 own rows per generation batch (24 steps = 12 batches).
 GSPO_ARGS = --share_rollouts false --per_device_train_batch_size 32 --steps_per_generation 2
 DEMO_METHOD_ARGS = $(if $(filter preset,$(DEMO_METHOD)),$(PRESET_ARGS) --max_steps 48,$(if \
@@ -68,9 +68,10 @@ $(BIN)/activate:
 
 # Two test workers (pytest-xdist), one test file each at a time: most tests are real multi-process launches that
 # spend part of their time waiting (start-up, exchange timeouts, one agent generating while the other waits), so two
-# at once keep both cores busy. Every test also passes alone (`pytest tests/test_x.py`) and on a loaded machine.
+# at once keep both cores busy. Every test also passes alone (`pytest tests/test_x.py`) and on a loaded machine. The
+# 15 slowest tests are listed at the end: the suite has to stay within CI's 15 minutes.
 test:
-	$(BIN)/python -m pytest tests -n 2 --dist loadfile
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile --durations 15
 
 # The tests that start no other process (`-m "not launch"`, see tests/conftest.py): about 2 minutes on 2 shared cores.
 # One worker: two gained a tenth while the cores were otherwise free and lost time while other work kept them busy.

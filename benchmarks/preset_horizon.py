@@ -1,5 +1,5 @@
-"""The recommended preset against GSPO at two points of the same runs, and how often each agent's gate opened: does
-the preset keep protecting the stronger agent, and keep lifting the weaker one, when training runs twice as long?
+"""The preset of rule 7 (`FORMER_PRESET`, recommended until rule 13) against GSPO at two points of the same runs,
+and how often each agent's gate opened: does the preset keep protecting the stronger agent, and keep lifting the weaker one, when training runs twice as long?
 
     python benchmarks/preset_horizon.py     # reads benchmarks/runs/validation-96steps-b3 (benchmarks/CHANGELOG.md, 2026-11-25)
 
@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import provenance, write_section  # noqa: E402
-from reproduce import METHODS, PAIR_AGENTS, RECOMMENDED, STRONGER, _folder, paired_ci  # noqa: E402
+from reproduce import FORMER_PRESET as PRESET  # noqa: E402
+from reproduce import METHODS, PAIR_AGENTS, STRONGER, _folder, paired_ci  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=None)
     args = parser.parse_args(argv)
     start = time.time()
-    updates = {m: METHODS[m][2] for m in ("GSPO", RECOMMENDED)}  # optimizer steps per generation batch
+    updates = {m: METHODS[m][2] for m in ("GSPO", PRESET)}  # optimizer steps per generation batch
     head = " | ".join(f"preset − GSPO at {n}" for n in args.points)
     lines = [
         "## The preset at a longer horizon (`benchmarks/preset_horizon.py`)",
@@ -62,10 +63,10 @@ def main(argv: list[str] | None = None) -> int:
                         folder = _folder(args.runs, pair, method, seed)
                         curve = json.loads((folder / "hacpo_summary.json").read_text())[agent]["curve"]
                         acc[method].append(dict(curve)[per_batch * n])
-                cells.append(paired(acc[RECOMMENDED], acc["GSPO"]))
-                equal = sum(x == y for x, y in zip(acc[RECOMMENDED], acc["GSPO"], strict=True))
+                cells.append(paired(acc[PRESET], acc["GSPO"]))
+                equal = sum(x == y for x, y in zip(acc[PRESET], acc["GSPO"], strict=True))
             for seed in args.seeds:
-                folder = _folder(args.runs, pair, RECOMMENDED, seed)
+                folder = _folder(args.runs, pair, PRESET, seed)
                 log = json.loads((folder / agent / "log_history.json").read_text())
                 flags = [e[f"hacpo/learns_from/{peer}"] for e in log if f"hacpo/learns_from/{peer}" in e]
                 opened.append(f"{int(sum(flags))}/{len(flags)}")

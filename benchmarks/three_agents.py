@@ -1,5 +1,5 @@
-"""Three agents at once with the recommended preset (issue 18, stretch): the state pair's two agents and the size
-pair's `trace-small` (`recipes/tiny_three.yaml`), each compared, seed by seed, with its own pair's runs of the
+"""Three agents at once with the preset of rule 7 (`FORMER_PRESET`, recommended until rule 13; issue 18, stretch):
+the state pair's two agents and the size pair's `trace-small` (`recipes/tiny_three.yaml`), each compared, seed by seed, with its own pair's runs of the
 held-out grid (GSPO and the preset with two agents; `benchmarks/reproduce.py` makes them).
 
     python benchmarks/three_agents.py            # 8 seeds, 48 generation batches, on `test`; resumes finished runs
@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out = args.out or rp.ROOT / "benchmarks" / "runs" / f"{args.split}-{args.steps}steps-b3"
     args.learning_rate, args.pair_steps = None, {}  # the recipe's rates (trace-small's is its pair's, 5e-5)
-    settings, _, updates = rp.METHODS[rp.RECOMMENDED]
-    needed = [(pair, m) for pair in set(AGENTS.values()) for m in ("GSPO", rp.RECOMMENDED)]
+    settings, _, updates = rp.METHODS[rp.FORMER_PRESET]
+    needed = [(pair, m) for pair in set(AGENTS.values()) for m in ("GSPO", rp.FORMER_PRESET)]
     missing = [f"{pair}/{m}" for pair, m in needed if not rp._folder(args.out, pair, m, args.seeds[-1]).exists()]
     if missing:
         raise SystemExit(
@@ -56,14 +56,16 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     todo = [
-        s for s in args.seeds if not (rp._folder(args.out, "three", rp.RECOMMENDED, s) / "hacpo_summary.json").exists()
+        s
+        for s in args.seeds
+        if not (rp._folder(args.out, "three", rp.FORMER_PRESET, s) / "hacpo_summary.json").exists()
     ]
     (args.out / "three").mkdir(parents=True, exist_ok=True)
     built = {**rp._built_agents("state"), **rp._built_agents("size")}
     (args.out / "three" / rp.AGENTS_RECORD).write_text(json.dumps({a: built[a] for a in AGENTS}, indent=1))
     if todo:
         jobs = args.out / "three-jobs.json"
-        jobs.write_text(json.dumps([rp._argv("three", rp.RECOMMENDED, settings, updates, s, args) for s in todo]))
+        jobs.write_text(json.dumps([rp._argv("three", rp.FORMER_PRESET, settings, updates, s, args) for s in todo]))
         cmd = [
             sys.executable, "-m", "accelerate.commands.launch",
             "--config_file", str(rp.ROOT / "accelerate_configs" / "cpu_3agents.yaml"),
@@ -72,14 +74,14 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out / "three-worker.log", "w") as log:
             subprocess.run(cmd, stderr=log, check=True)
 
-    runs = [rp._folder(args.out, "three", rp.RECOMMENDED, s) / "hacpo_summary.json" for s in args.seeds]
+    runs = [rp._folder(args.out, "three", rp.FORMER_PRESET, s) / "hacpo_summary.json" for s in args.seeds]
     run_seconds = sum(json.loads(f.read_text()).get("_wall_seconds", 0.0) for f in runs)  # of the runs, resumed or not
     lines = [
         "## Three agents at once (`benchmarks/three_agents.py`)",
         "",
         provenance("three_agents.py", sys.argv[1:] if argv is None else argv, run_seconds),
         "",
-        f"The recommended preset (`{rp.RECOMMENDED}`) with `trace-instruct`, `trace-base` and `trace-small` in one run "
+        f"The recommended preset (`{rp.FORMER_PRESET}`) with `trace-instruct`, `trace-base` and `trace-small` in one run "
         f"(`recipes/tiny_three.yaml`), {args.steps} generation batches, {args.split} split, seeds {args.seeds}. Each "
         "agent against its own pair's two-agent runs with the same seeds, at the same number of generation batches "
         "(the size pair's runs are longer: their evaluation at that point), paired 95% intervals:",
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     for agent, pair in AGENTS.items():
         gspo, two, three = (
             _accuracies(args.out, p, m, args.seeds, agent, args.steps)
-            for p, m in ((pair, "GSPO"), (pair, rp.RECOMMENDED), ("three", rp.RECOMMENDED))
+            for p, m in ((pair, "GSPO"), (pair, rp.FORMER_PRESET), ("three", rp.FORMER_PRESET))
         )
         means = " | ".join(f"{statistics.mean(x):.3f}" for x in (gspo, two, three))
         lines.append(f"| {agent} | {pair} | {means} | {_paired(three, gspo)} | {_paired(three, two)} |")

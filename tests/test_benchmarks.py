@@ -244,7 +244,7 @@ def test_two_looks_corrects_each_look_by_hand(tmp_path):
     1.291, t(3, 0.9875) = 4.177) give the 97.5% interval 2.5 ± 2.696 (not above 0), and 3, 4, 5, 6 give 4.5 ± 2.696
     (above 0), in hundredths; overlapping seeds are refused."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from reproduce import RECOMMENDED, T_975
+    from reproduce import FORMER_PRESET, T_975
     from two_looks import main, t_quantile
 
     for dof, t in T_975.items():
@@ -254,7 +254,7 @@ def test_two_looks_corrects_each_look_by_hand(tmp_path):
 
     def look(path, seeds, diffs):
         gspo = [0.5] * len(seeds)
-        acc = {"trace-small": {"GSPO": gspo, RECOMMENDED: [g + d for g, d in zip(gspo, diffs, strict=True)]}}
+        acc = {"trace-small": {"GSPO": gspo, FORMER_PRESET: [g + d for g, d in zip(gspo, diffs, strict=True)]}}
         path.write_text(json.dumps({"seeds": seeds, "settings": {"size": {"accuracy": acc}}}))
 
     look(tmp_path / "a.json", [0, 1, 2, 3], [0.03, 0.04, 0.05, 0.06])

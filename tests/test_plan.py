@@ -380,9 +380,11 @@ def test_preset_recipes_are_the_pairs_hacpo_recipe_with_the_recommended_preset(p
     path = ROOT / "recipes" / f"{pair}_preset.yaml"
     recipe = yaml.safe_load(path.read_text())
     preset = _recommended_preset()
+    # vLLM's share is lower by 0.02: a batch of taught rows adds them to GSPO's forwards (up to 8 rows, not 4)
     assert {k for k in hacpo.keys() | recipe.keys() if hacpo.get(k) != recipe.get(k)} == (
-        {"output_dir", "solo_steps_per_generation"} | preset.keys()
+        {"output_dir", "solo_steps_per_generation", "vllm_gpu_memory_utilization"} | preset.keys()
     )
+    assert (hacpo["vllm_gpu_memory_utilization"], recipe["vllm_gpu_memory_utilization"]) == (0.3, 0.28)
     assert {k: recipe[k] for k in preset} == preset
     assert recipe["solo_steps_per_generation"] == gspo["steps_per_generation"]
     outs = {}
@@ -419,18 +421,27 @@ def test_plan_counts_a_solo_batchs_larger_forward_and_refuses_a_solo_schedule_of
     assert any("solo_steps_per_generation 48 must divide steps_per_generation 128" in p for p in plans[48].problems)
 
 
-def test_plan_sizes_a_rescue_batch_for_all_peer_rows_in_the_solo_micro_batches(hub_cache, capsys):
-    """With `capability_gate_rescue`, a batch whose peer rows are rescued ones only keeps the solo schedule's 64
-    micro-batches, each with its 4 own rows and an equal share of the rescued rows: up to all 256 of a rank's peer
-    rows, 4 more per forward, 8 in all, which the 4B agent does not fit on an 80 GB card."""
+def test_plan_sizes_a_batch_of_taught_or_rescued_rows_for_all_peer_rows_in_the_solo_micro_batches(hub_cache, capsys):
+    """With `taught_schedule: solo` (the preset) or `capability_gate_rescue`, a batch whose peer rows are taught or
+    rescued ones only keeps the solo schedule's 64 micro-batches, each with its 4 own rows and an equal share of the
+    peer rows: up to all 256 of a rank's peer rows, 4 more per forward, 8 in all. At the HACPO recipe's vLLM share
+    (0.3) the 4B agent does not fit an 80 GB card; at the preset recipe's 0.28 it does. Without either option the
+    bound is not computed."""
     path = ROOT / "recipes" / "qwen3_1.7b_base_x_qwen3_4b_base_preset.yaml"
-    recipe = {**yaml.safe_load(path.read_text()), "capability_gate_rescue": True}
+    preset = yaml.safe_load(path.read_text())
     launch = launch_from_accelerate(yaml.safe_load((ROOT / "accelerate_configs" / "zero2_8gpu.yaml").read_text()))
     dm = {"qwen3-1.7b-base": dims("Qwen/Qwen3-1.7B-Base"), "qwen3-4b-base": dims("Qwen/Qwen3-4B-Base")}
-    plan = make_plan(recipe, dm, launch, H100, 7500)
-    assert [a.batch["rescue_rows_per_forward"] for a in plan.agents] == [4 + 256 // 64] * 2
-    assert any(p.startswith("agent 'qwen3-4b-base'") and "does not fit" in p for p in plan.problems)
-    assert "with rescued peer rows only (capability_gate_rescue): up to 8 rows per forward pass" in format_plan(plan)
+    plan = make_plan(preset, dm, launch, H100, 7500)
+    assert [a.batch["few_prompts_rows_per_forward"] for a in plan.agents] == [4 + 256 // 64] * 2 and not plan.problems
+    text = "rescued or taught peer rows only (capability_gate_rescue, taught_schedule: solo): up to 8 rows"
+    assert text in format_plan(plan)
+    at_03 = make_plan({**preset, "vllm_gpu_memory_utilization": 0.3}, dm, launch, H100, 7500)
+    assert any(p.startswith("agent 'qwen3-4b-base'") and "does not fit" in p for p in at_03.problems)
+    rescue = {**preset, "taught_schedule": "sharing", "peer_prompts": "all", "capability_gate": 1.0}
+    rescue = make_plan({**rescue, "capability_gate_rescue": True}, dm, launch, H100, 7500)
+    assert [a.batch["few_prompts_rows_per_forward"] for a in rescue.agents] == [8, 8]
+    neither = make_plan({**preset, "taught_schedule": "sharing", "peer_prompts": "all"}, dm, launch, H100, 7500)
+    assert [a.batch["few_prompts_rows_per_forward"] for a in neither.agents] == [None, None]
 
 
 def test_plan_notes_a_max_steps_that_ends_inside_a_generation_batch(hub_cache):

@@ -740,6 +740,40 @@ def test_gate_rescue_lends_a_closed_peers_rows_on_failed_prompts_only_through_th
     assert trace[first + 1] != plain["param_trace"][first + 1]
 
 
+@pytest.mark.launch
+def test_taught_rows_of_failed_prompts_keep_the_solo_schedule_through_the_trainer(tmp_path, launch):
+    """llama0 with the preset's sharing (`peer_prompts: failed`, the correct filter, `taught_schedule: solo`, the solo
+    schedule of 2 of 4 updates); 8 generation batches of 16 rows. At every batch it is taught exactly the prompts the
+    recorded rewards show it failed at every completion and qwen1 solved once (logged as a share of the batch's
+    prompts), builds peer rows then and only then, and keeps GSPO's schedule: updates 1 and 2 hold GSPO's 8 own rows
+    each and half the taught rows, updates 3 and 4 leave the weights alone."""
+    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "32", "--steps_per_generation", "4",
+           "--generation_batch", "16", "--trace_params", "--record_layout",
+           "--override", '0:peer_prompts="failed"', "--override", '0:taught_schedule="solo"',
+           "--override", "0:solo_steps_per_generation=2", "--override", '0:peer_filter="correct"')  # fmt: skip
+    llama, _ = summaries(tmp_path)
+    expected = []
+    for batch in llama["batch_rewards"]:
+        own, peer = {}, set()
+        for agent, pid, reward in batch:
+            if agent == "llama0":
+                own.setdefault(pid, []).append(reward)
+            elif reward > 0:
+                peer.add(pid)
+        expected.append(len({pid for pid, rs in own.items() if max(rs) <= 0} & peer) / len(own))
+    taught = _metric(llama, "hacpo/taught_prompts/qwen1")
+    assert taught == pytest.approx(expected) and len(taught) == 8 and 0 < sum(taught)
+    peer_rows = _metric(llama, "hacpo/peer_rows")
+    assert [n > 0 for n in peer_rows] == [t > 0 for t in taught]
+    trace = llama["param_trace"]
+    for b, (layout, rows) in enumerate(zip(llama["layouts"], peer_rows, strict=True)):
+        if rows:  # taught rows only: each of the 2 updates holds GSPO's 8 of the 16 own rows and half the taught rows
+            assert layout[2:] == [None, None] and [mb[0] for mb in layout[:2]] == [8, 8], layout
+            assert layout[0][1] + layout[0][2] == layout[1][1] + layout[1][2] == (rows + 1) // 2, layout
+        assert trace[4 * b + 2] == trace[4 * b + 1] == trace[4 * b + 3]  # updates 3 and 4 take no step
+        assert b == 0 or trace[4 * b + 1] != trace[4 * b - 1]  # its own 2 updates did train
+
+
 def test_options_are_recipe_settings(tmp_path, capsys):
     """YAML keys (run-wide, per agent) and command-line flags, parsed as `hacpo-train` parses a recipe."""
     from trl import TrlParser

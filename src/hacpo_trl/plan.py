@@ -310,8 +310,9 @@ def batch_arithmetic(agent: ResolvedAgent, n_ranks: int, n_agents: int) -> dict[
             per_update.append({"own": own * n_ranks, "peer": (ga * rows_per_forward - own) * n_ranks})
     solo = get("solo_steps_per_generation")
     solo = int(solo) if sharing and solo else None  # the trainer checks that it divides into whole updates
-    # a batch with rescued peer rows only (`capability_gate_rescue`) adds them to the solo micro-batches: at most all
-    rescue = solo and bool(get("capability_gate_rescue", False))
+    # a batch with rescued or taught peer rows only (`capability_gate_rescue`, `taught_schedule: solo`) adds them to
+    # the solo micro-batches: at most all
+    rescue = solo and (bool(get("capability_gate_rescue", False)) or get("taught_schedule", "sharing") == "solo")
     return {
         "per_device_train_batch_size": per_device,
         "gradient_accumulation_steps": ga,
@@ -332,14 +333,14 @@ def batch_arithmetic(agent: ResolvedAgent, n_ranks: int, n_agents: int) -> dict[
         "solo_updates": solo * iterations / ga if solo else None,
         "solo_rows_per_update": own_per_rank * n_ranks * ga // solo if solo else None,
         "solo_rows_per_forward": own_per_rank // solo if solo else None,
-        "rescue_rows_per_forward": own_per_rank // solo + -(-peer_per_rank // solo) if rescue else None,
+        "few_prompts_rows_per_forward": own_per_rank // solo + -(-peer_per_rank // solo) if rescue else None,
     }
 
 
 def forward_rows(batch: dict) -> int:
     """The largest forward pass the agent runs: a solo batch's forwards hold more rows when its micro-batches are
-    fewer than the own rows' share of the sharing schedule's, and a batch of rescued peer rows adds them to those."""
-    solo = [int(batch.get(k) or 0) for k in ("solo_rows_per_forward", "rescue_rows_per_forward")]
+    fewer than the own rows' share of the sharing schedule's, and a batch of rescued or taught peer rows adds them."""
+    solo = [int(batch.get(k) or 0) for k in ("solo_rows_per_forward", "few_prompts_rows_per_forward")]
     return max(int(batch["rows_per_forward"]), *solo)
 
 
@@ -860,10 +861,10 @@ def format_plan(plan: Plan) -> str:
                 f"{b['solo_rows_per_update']} own rows, {b['solo_rows_per_forward']} rows per forward pass; "
                 f"{skipped:g} skipped (solo_steps_per_generation {b['solo_steps_per_generation']})"
             )
-            if b.get("rescue_rows_per_forward"):
+            if b.get("few_prompts_rows_per_forward"):
                 lines.append(
-                    f"  with rescued peer rows only (capability_gate_rescue): up to {b['rescue_rows_per_forward']} "
-                    "rows per forward pass"
+                    "  with rescued or taught peer rows only (capability_gate_rescue, taught_schedule: solo): up to "
+                    f"{b['few_prompts_rows_per_forward']} rows per forward pass"
                 )
         lines.append("  memory per rank (GiB): " + ", ".join(f"{k} {v:.1f}" for k, v in a.memory.items() if v))
         budget = "" if plan.device_gib is None else f" of {plan.device_gib:.1f}"
