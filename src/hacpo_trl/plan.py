@@ -312,7 +312,7 @@ def batch_arithmetic(agent: ResolvedAgent, n_ranks: int, n_agents: int) -> dict[
     solo = int(solo) if sharing and solo else None  # the trainer checks that it divides into whole updates
     # a batch with rescued or taught peer rows only (`capability_gate_rescue`, `taught_schedule: solo`) adds them to
     # the solo micro-batches: at most all
-    rescue = solo and (bool(get("capability_gate_rescue", False)) or get("taught_schedule", "sharing") == "solo")
+    few = solo and (bool(get("capability_gate_rescue", False)) or get("taught_schedule", "sharing") == "solo")
     return {
         "per_device_train_batch_size": per_device,
         "gradient_accumulation_steps": ga,
@@ -333,7 +333,7 @@ def batch_arithmetic(agent: ResolvedAgent, n_ranks: int, n_agents: int) -> dict[
         "solo_updates": solo * iterations / ga if solo else None,
         "solo_rows_per_update": own_per_rank * n_ranks * ga // solo if solo else None,
         "solo_rows_per_forward": own_per_rank // solo if solo else None,
-        "few_prompts_rows_per_forward": own_per_rank // solo + -(-peer_per_rank // solo) if rescue else None,
+        "few_prompts_rows_per_forward": own_per_rank // solo + -(-peer_per_rank // solo) if few else None,
     }
 
 

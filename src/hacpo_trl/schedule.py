@@ -138,7 +138,7 @@ class BatchPlan:
         return step % self.generate_every != 0 and step % self.steps_per_generation >= self.micro_batches
 
     def update_index(self, step: int, gradient_accumulation_steps: int) -> int:
-        """m of Eq. 14 at micro-step ``step`` (a rescue batch does not count its skipped micro-batches)."""
+        """m of Eq. 14 at micro-step ``step`` (a ``few_prompts`` batch does not count its skipped micro-batches)."""
         if not self.few_prompts:
             return current_update(step, self.generate_every, gradient_accumulation_steps)
         made = self.micro_batches
@@ -153,7 +153,7 @@ def plan_batch(
     own_rows: int, peers: bool, few_prompts: bool, steps_per_generation: int, solo_micro_batches: int, iterations: int
 ) -> BatchPlan:
     """The plan of a batch of ``own_rows`` own rows: the sharing schedule with peer rows, the solo schedule without
-    them or with rescued peer rows only."""
+    them or with peer rows of some prompts only (``few_prompts``)."""
     micro = steps_per_generation if peers and not few_prompts else solo_micro_batches
     return BatchPlan(own_rows, micro, steps_per_generation, iterations, solo=not peers, few_prompts=few_prompts)
 

@@ -349,9 +349,9 @@ class PeerDecision:
     ``open`` peers enter every prompt's joint group (rows and rewards) unless ``prompts`` limits one of them to some
     prompts; ``rescued`` holds, for each peer the capability gate closed (within ``learn_from``), the prompts on
     which it still lends its rows (`capability_gate_rescue`; empty: none). ``weight`` scales the peer rows'
-    advantages (`peer_fade_steps`). ``taught`` peers are limited to the prompts they do better on (`peer_prompts`)
-    and give taught rows (:func:`~hacpo_trl.peer_loss.taught_weight`); ``batch_prompts`` counts the batch's
-    prompts. ``taught_on_solo``: a batch of taught rows keeps the solo schedule (`taught_schedule: solo`)."""
+    advantages (`peer_fade_steps`). ``taught`` peers are limited to their taught prompts (`peer_prompts`) and give
+    taught rows (:func:`~hacpo_trl.peer_loss.taught_weight`); ``batch_prompts`` counts the batch's prompts.
+    ``taught_on_solo``: a batch of taught rows keeps the solo schedule (`taught_schedule: solo`)."""
 
     open: tuple[str, ...] = ()
     rescued: Mapping[str, frozenset[str]] = field(default_factory=dict)
