@@ -689,6 +689,18 @@ def test_gate_confidence_opens_as_the_logged_evidence_says_through_the_trainer(t
         assert plain_only >= 6
 
 
+def _failed_by_llama0_and_solved_by_qwen1(batch) -> tuple[set[str], int]:
+    """From one generation batch's recorded (agent, prompt id, reward) rows: the prompts llama0 failed at every
+    completion and qwen1 solved at least once, and how many prompts llama0 answered."""
+    own, peer = {}, set()
+    for agent, pid, reward in batch:
+        if agent == "llama0":
+            own.setdefault(pid, []).append(reward)
+        elif reward > 0:
+            peer.add(pid)
+    return {pid for pid, rs in own.items() if max(rs) <= 0} & peer, len(own)
+
+
 @pytest.mark.launch
 @pytest.mark.timeout(900)
 def test_gate_rescue_lends_a_closed_peers_rows_on_failed_prompts_only_through_the_trainer(tmp_path, launch):
@@ -712,14 +724,8 @@ def test_gate_rescue_lends_a_closed_peers_rows_on_failed_prompts_only_through_th
     assert _metric(llama, "hacpo/learns_from/qwen1") == opened and len(opened) == 8
     expected = []
     for batch, is_open in zip(llama["batch_rewards"], opened, strict=True):
-        own, peer = {}, set()
-        for agent, pid, reward in batch:
-            if agent == "llama0":
-                own.setdefault(pid, []).append(reward)
-            elif reward > 0:
-                peer.add(pid)
-        failed = {pid for pid, rs in own.items() if max(rs) <= 0}
-        expected.append(0.0 if is_open else float(len(failed & peer)))
+        rescued, _ = _failed_by_llama0_and_solved_by_qwen1(batch)
+        expected.append(0.0 if is_open else float(len(rescued)))
     rescued = _metric(llama, "hacpo/rescued_prompts/qwen1")
     assert rescued == expected and sum(rescued) > 0
     peer_rows = _metric(llama, "hacpo/peer_rows")
@@ -754,13 +760,8 @@ def test_taught_rows_of_failed_prompts_keep_the_solo_schedule_through_the_traine
     llama, _ = summaries(tmp_path)
     expected = []
     for batch in llama["batch_rewards"]:
-        own, peer = {}, set()
-        for agent, pid, reward in batch:
-            if agent == "llama0":
-                own.setdefault(pid, []).append(reward)
-            elif reward > 0:
-                peer.add(pid)
-        expected.append(len({pid for pid, rs in own.items() if max(rs) <= 0} & peer) / len(own))
+        taught, prompts = _failed_by_llama0_and_solved_by_qwen1(batch)
+        expected.append(len(taught) / prompts)
     taught = _metric(llama, "hacpo/taught_prompts/qwen1")
     assert taught == pytest.approx(expected) and len(taught) == 8 and 0 < sum(taught)
     peer_rows = _metric(llama, "hacpo/peer_rows")
