@@ -292,3 +292,18 @@ def test_same_runs_flags_a_run_that_differs_or_is_missing(tmp_path):
         (tmp_path / name).write_text(json.dumps(data))
     assert main([str(tmp_path / "x.json"), str(tmp_path / "x.json")]) == 0
     assert main([str(tmp_path / "x.json"), str(tmp_path / "y.json")]) == 1
+
+
+def test_taught_prompts_counts_batches_and_prompts_from_a_log_by_hand():
+    """`taught_prompts.py`: a learner's log with three batches, taught on 2 and 0 of 8 prompts by one peer and on 1 + 1
+    by two, and entries without the metric (updates in between): 3 batches, 2 with a taught prompt, 4 prompts."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from taught_prompts import taught_counts
+
+    log = [
+        {"hacpo/taught_prompts/b": 0.25, "loss": 0.1},
+        {"loss": 0.2},
+        {"hacpo/taught_prompts/b": 0.0},
+        {"hacpo/taught_prompts/b": 0.125, "hacpo/taught_prompts/c": 0.125},
+    ]
+    assert taught_counts(log) == (3, 2, 4.0)
