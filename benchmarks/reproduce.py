@@ -170,6 +170,13 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
          **SOLO, "band_gate": True, **HACPO_SCHEDULE},
         8, 4,
     ),
+    # and the learner's own rows on a taught prompt keep GSPO's advantages (0 on a failed group), not the joint
+    # baseline's push-down (rule 15)
+    "HACPO correct + failed-prompt floor 0.2 + own baseline + GSPO solo schedule + band gate": (
+        {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
+         "taught_baseline": "own", **SOLO, "band_gate": True, **HACPO_SCHEDULE},
+        8, 4,
+    ),
 }  # fmt: skip
 METHODS |= CANDIDATES
 # the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset

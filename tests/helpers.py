@@ -80,6 +80,7 @@ SELF_REWARDS = torch.tensor([1.0, 0.0, NAN, 0.0])  # self row 2 is unscorable
 def settings(**overrides):
     base = dict(
         peer_filter="all",
+        taught_baseline="joint",
         mask_truncated_completions=True,
         max_completion_length=12,
         capability_baseline=True,

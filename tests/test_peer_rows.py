@@ -186,3 +186,39 @@ def test_learner_records_keep_the_learner_and_its_peers_only():
     assert [(r.agent, r.global_rank) for r in records] == [("A", 0), ("A", 3), ("C", 2)]
     assert view == ["A", "C"]
     assert learner_records(by_agent, "A", ["A", "B", "C"], ["D"])[1] == ["A"]  # a peer without records adds nothing
+
+
+def _taught_and_rescued(taught_baseline: str):
+    """Learner A on three prompts: q0 failed by A and solved by C, q1 solved once by A and twice by C (C teaches
+    both), q2 failed by A and solved by B, a peer that rescues it without teaching (not in ``taught``)."""
+
+    def batch(agent, rank, rows):
+        pids, rewards = map(list, zip(*rows, strict=True))
+        n = len(pids)
+        return RolloutBatch(agent, rank, 3, pids, ["7"] * n, rewards, [-1.0] * n, [2] * n, [True] * n)
+
+    own_rows = [("q0", 0.0)] * 3 + [("q1", 1.0), ("q1", 0.0), ("q1", 0.0)] + [("q2", 0.0)] * 3
+    own = batch("A", 0, own_rows)
+    c = batch("C", 1, [("q0", 1.0), ("q0", 0.0), ("q1", 1.0), ("q1", 1.0), ("q2", 1.0)])
+    b = batch("B", 2, [("q2", 1.0), ("q2", 0.0)])
+    ids, rewards = [p for p, _ in own_rows], torch.tensor([r for _, r in own_rows])
+    only = {"C": {"q0", "q1"}, "B": {"q2"}}
+    chosen = settings(taught_baseline=taught_baseline)
+    return build_peer_rows(ids, rewards, [own, c, b], "A", ["A", "B", "C"], CAPS, chosen, BPE, 1.0, only, {"C"})
+
+
+def test_own_baseline_on_taught_prompts_gives_the_learner_gspos_advantages():
+    """`taught_baseline: own`: on C's taught prompts A's rows get its own group's advantages (0 on the failed q0,
+    where the joint baseline pushes each of them down); q2, where B rescues without teaching, keeps the joint
+    baseline; every peer row keeps the joint group's advantage either way."""
+    joint, own = _taught_and_rescued("joint"), _taught_and_rescued("own")
+    eps, sd = 1e-6, math.sqrt(0.2)  # std([0, 0, 0, 1, 0]) with Bessel: q0 and q2's joint groups
+    # q0 joint: C's rewards scaled by ω(A, C) = 0.25 / 0.5, so μ = (1 / 2) / 5; q2 by ω(A, B) = 1 / 3, μ = (1 / 3) / 5
+    failed_q0, failed_q2 = -0.1 / (sd + eps), -(1 / 15) / (sd + eps)
+    gspo_q1 = [(1 - 1 / 3) / (math.sqrt(1 / 3) + eps), (0 - 1 / 3) / (math.sqrt(1 / 3) + eps)]
+    assert own.self_advantages.tolist() == pytest.approx([0.0] * 3 + gspo_q1 + gspo_q1[1:] + [failed_q2] * 3)
+    assert joint.self_advantages[:3].tolist() == pytest.approx([failed_q0] * 3)
+    assert joint.self_advantages[6:].tolist() == own.self_advantages[6:].tolist()
+    assert joint.self_advantages[3:6].tolist() != pytest.approx(gspo_q1 + gspo_q1[1:])  # C's rewards moved q1's
+    assert own.advantages == joint.advantages and own.sources == ["B", "B", "C", "C", "C", "C"]
+    assert own.advantages[2] == pytest.approx((1 - 0.1) / (sd + eps))  # C's correct row on q0

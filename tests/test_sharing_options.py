@@ -1,6 +1,8 @@
 """Sharing options that protect a learner: whom it learns from (`learn_from`) and the capability gate
 (`capability_gate`). Hand-worked unit tests of the pure pieces, then real two-agent launches on CPU."""
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -748,14 +750,17 @@ def test_gate_rescue_lends_a_closed_peers_rows_on_failed_prompts_only_through_th
 
 @pytest.mark.launch
 def test_taught_rows_of_failed_prompts_keep_the_solo_schedule_through_the_trainer(tmp_path, launch):
-    """llama0 with the preset's sharing (`peer_prompts: failed`, the correct filter, `taught_schedule: solo`, the solo
-    schedule of 2 of 4 updates); 8 generation batches of 16 rows. At every batch it is taught exactly the prompts the
-    recorded rewards show it failed at every completion and qwen1 solved once (logged as a share of the batch's
-    prompts), builds peer rows then and only then, and keeps GSPO's schedule: updates 1 and 2 hold GSPO's 8 own rows
-    each and half the taught rows, updates 3 and 4 leave the weights alone."""
+    """llama0 with per-prompt sharing (`peer_prompts: failed`, the correct filter, `taught_schedule: solo`, the solo
+    schedule of 2 of 4 updates, `taught_baseline: own`); 8 generation batches of 16 rows. At every batch it is taught
+    exactly the prompts the recorded rewards show it failed at every completion and qwen1 solved once (logged as a
+    share of the batch's prompts), builds peer rows then and only then, and keeps GSPO's schedule and advantages:
+    updates 1 and 2 hold GSPO's 8 own rows each and half the taught rows, updates 3 and 4 leave the weights alone,
+    and every own row's advantage is GSPO's, from its own group's recorded rewards (0 on a taught prompt, where the
+    joint baseline would push each one down)."""
     launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "32", "--steps_per_generation", "4",
            "--generation_batch", "16", "--trace_params", "--record_layout",
            "--override", '0:peer_prompts="failed"', "--override", '0:taught_schedule="solo"',
+           "--override", '0:taught_baseline="own"',
            "--override", "0:solo_steps_per_generation=2", "--override", '0:peer_filter="correct"')  # fmt: skip
     llama, _ = summaries(tmp_path)
     expected = []
@@ -773,6 +778,19 @@ def test_taught_rows_of_failed_prompts_keep_the_solo_schedule_through_the_traine
             assert layout[0][1] + layout[0][2] == layout[1][1] + layout[1][2] == (rows + 1) // 2, layout
         assert trace[4 * b + 2] == trace[4 * b + 1] == trace[4 * b + 3]  # updates 3 and 4 take no step
         assert b == 0 or trace[4 * b + 1] != trace[4 * b - 1]  # its own 2 updates did train
+    assert [b for b, _ in llama["own_advantages"]] == [b for b, rows in enumerate(peer_rows) if rows]
+    for b, advantages in llama["own_advantages"]:
+        taught_prompts, _ = _failed_by_llama0_and_solved_by_qwen1(llama["batch_rewards"][b])
+        own = {}
+        for agent, pid, reward in llama["batch_rewards"][b]:
+            if agent == "llama0":
+                own.setdefault(pid, []).append(reward)
+        gspo = {pid: (rs - rs.mean()) / (rs.std() + 1e-6) for pid, rs in ((p, torch.tensor(r)) for p, r in own.items())}
+        seen = Counter()
+        for pid, advantage in advantages:
+            assert advantage == pytest.approx(float(gspo[pid][seen[pid]]), abs=1e-5), (b, pid)
+            assert pid not in taught_prompts or advantage == 0
+            seen[pid] += 1
 
 
 def test_options_are_recipe_settings(tmp_path, capsys):

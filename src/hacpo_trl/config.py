@@ -178,6 +178,13 @@ class HACPOConfig(GRPOConfig):
             updates instead of doubling their number: with `solo_steps_per_generation: 2` a learner makes GSPO's 2
             updates of 32 own rows whether or not a peer taught it. Not in the paper. May differ per agent
             (`overrides`).
+        taught_baseline (`str`, *optional*, defaults to `"joint"`):
+            With `peer_prompts` 'better' or 'failed', the advantages of the learner's own rows on a taught prompt:
+            `"joint"`, the capability-aware baseline over the joint group (Eq. 5; the peer's correct rewards raise it,
+            so on a prompt the learner failed entirely each of its own rows gets a negative advantage, where GSPO
+            gives 0), or `"own"`: its own group's, as GSPO computes them, so a taught prompt adds the peer's rows and
+            changes nothing of the learner's own. The taught rows' advantages stay the joint group's. Not in the
+            paper. May differ per agent (`overrides`).
         capability_gate_rescue (`bool`, *optional*, defaults to `False`):
             With `capability_gate` > 0, a peer the gate keeps closed still lends its rows on the prompts this learner
             failed at every completion (none with a positive reward, over all its ranks) and the peer solved at least
@@ -351,6 +358,10 @@ class HACPOConfig(GRPOConfig):
     taught_schedule: str = field(
         default="sharing",
         metadata={"help": "With per-prompt sharing: 'solo': a batch of taught rows keeps the solo schedule."},
+    )
+    taught_baseline: str = field(
+        default="joint",
+        metadata={"help": "With per-prompt sharing: 'own': a learner's rows on taught prompts keep GSPO's advantages."},
     )
     peer_fade_steps: int = field(
         default=0, metadata={"help": "Fade the peer rows' weight linearly to 0 over this many steps; 0 = no fade."}

@@ -194,6 +194,12 @@ def build_peer_rows(
         ).float()
     out.self_advantages = torch.zeros(len(prompt_ids))
     out.self_advantages[self_index] = advantages[: len(self_index)]
+    if settings.taught_baseline == "own":  # own rows on a taught prompt keep their own group's (GSPO's) advantages
+        taught_prompts = {pid for pid, source, *_ in candidates if source in taught}
+        on_taught = [i for i in self_index if prompt_ids[i] in taught_prompts]
+        own = [float(rewards[i]) for i in on_taught]
+        ids = [prompt_ids[i] for i in on_taught]
+        out.self_advantages[on_taught] = _own_group_advantages(ids, own, learner, settings)
     peer_adv = advantages[len(self_index) :] * peer_weight
 
     # re-tokenize the peer rows we train on
@@ -224,6 +230,19 @@ def build_peer_rows(
         out.valid.append(not (cut and settings.mask_truncated_completions) and old_len > 0)
         out.taught.append(source in taught)
     out.retokenize_seconds = time.perf_counter() - start
+    return out
+
+
+def _own_group_advantages(prompt_ids: list[str], rewards: list[float], learner: str, settings) -> torch.Tensor:
+    """Advantages over each prompt's group of the learner's own finite rewards only (0 for a lone row)."""
+    sizes = Counter(prompt_ids)
+    usable = [k for k, pid in enumerate(prompt_ids) if sizes[pid] > 1]
+    out = torch.zeros(len(prompt_ids))
+    if usable:
+        out[usable] = capability_aware_advantages(
+            [rewards[k] for k in usable], [learner] * len(usable), [prompt_ids[k] for k in usable], learner,
+            {learner: 1.0}, zero_uniform_groups=settings.zero_uniform_groups, max_reward=settings.max_reward,
+        ).float()  # fmt: skip
     return out
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "PEER_FILTERS",
     "PEER_PROMPTS",
     "PEER_LIMITS",
+    "TAUGHT_BASELINES",
     "TAUGHT_SCHEDULES",
     "RUN_WIDE_SETTINGS",
     "PeerDecision",
@@ -50,6 +51,7 @@ __all__ = [
 PEER_FILTERS = ("all", "correct", "positive")
 PEER_PROMPTS = ("all", "better", "failed")
 TAUGHT_SCHEDULES = ("sharing", "solo")
+TAUGHT_BASELINES = ("joint", "own")
 
 # Sharing settings every agent must hold equal (unlike a learner's own choices): every agent exchanges at every
 # generation batch, and every learner must compute every agent's P̂ alike.
@@ -105,6 +107,7 @@ class SharingSettings:
     peer_prompts: str = field(default="all", metadata={"limits_peers": True})
     taught_ratio_floor: float = 0.2
     taught_schedule: str = "sharing"
+    taught_baseline: str = "joint"
     capability_metric: InitVar[str] = "accuracy"
     band: InitVar[bool] = True
     who: InitVar[str] = ""
@@ -162,6 +165,13 @@ class SharingSettings:
             raise ValueError(
                 f"{who}`taught_schedule: solo` lays out a batch of taught rows, and `peer_prompts` is "
                 f"{self.peer_prompts!r} (no taught rows): set peer_prompts 'better' or 'failed', or taught_schedule 'sharing'"
+            )
+        if self.taught_baseline not in TAUGHT_BASELINES:
+            raise ValueError(f"{who}`taught_baseline` must be one of {TAUGHT_BASELINES}, got {self.taught_baseline!r}")
+        if self.taught_baseline == "own" and self.peer_prompts == "all":
+            raise ValueError(
+                f"{who}`taught_baseline: own` sets the learner's advantages on taught prompts, and `peer_prompts` is "
+                f"'all' (no taught prompts): set peer_prompts 'better' or 'failed', or taught_baseline 'joint'"
             )
 
     @classmethod

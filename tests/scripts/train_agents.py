@@ -307,6 +307,7 @@ if my_steps(opts.die_while_saving):
     trainer._save_rng_state = dying_save_rng_state
 peer_rows_here = []  # peer rows this rank trains on, per generation batch
 peer_rows_finished = []  # peer completions of this rank's prompts that ended in EOS, per generation batch
+own_advantages = []  # (training generation batch, [(prompt, advantage) of each own row]) at batches with peer rows
 add_peer_rows = trainer._add_peer_rows
 
 
@@ -318,6 +319,10 @@ def counting_add_peer_rows(batch, rows, prompt_ids, *rest):
         for pid, done in zip(r.prompt_ids, r.terminated, strict=True)
         if pid in prompt_ids
     )
+    if trainer.model.training:
+        own_advantages.append(
+            (len(batch_rewards) - 1, list(zip(prompt_ids, rows.self_advantages.tolist(), strict=True)))
+        )
     batch = add_peer_rows(batch, rows, prompt_ids, *rest)
     peer_rows_here.append(int((batch["hacpo_is_peer"] & batch["hacpo_valid"]).sum()))
     peer_rows_finished.append(finished)
@@ -370,6 +375,7 @@ summary = {
     "sharded": sorted({type(p).__name__ for p in trainer.model.parameters()}),
     "peer_rows_here": peer_rows_here,
     "peer_rows_finished": peer_rows_finished,
+    "own_advantages": own_advantages,
     "param_sum": float(sum(p.detach().double().sum() for p in after.values())),
     "param_trace": param_trace,
     "peers": peer_log,
