@@ -81,6 +81,7 @@ def settings(**overrides):
     base = dict(
         peer_filter="all",
         taught_baseline="joint",
+        taught_scale=1.0,
         mask_truncated_completions=True,
         max_completion_length=12,
         capability_baseline=True,

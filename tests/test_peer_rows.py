@@ -188,7 +188,7 @@ def test_learner_records_keep_the_learner_and_its_peers_only():
     assert learner_records(by_agent, "A", ["A", "B", "C"], ["D"])[1] == ["A"]  # a peer without records adds nothing
 
 
-def _taught_and_rescued(taught_baseline: str):
+def _taught_and_rescued(taught_baseline: str, taught_scale: float = 1.0):
     """Learner A on three prompts: q0 failed by A and solved by C, q1 solved once by A and twice by C (C teaches
     both), q2 failed by A and solved by B, a peer that rescues it without teaching (not in ``taught``)."""
 
@@ -203,7 +203,7 @@ def _taught_and_rescued(taught_baseline: str):
     b = batch("B", 2, [("q2", 1.0), ("q2", 0.0)])
     ids, rewards = [p for p, _ in own_rows], torch.tensor([r for _, r in own_rows])
     only = {"C": {"q0", "q1"}, "B": {"q2"}}
-    chosen = settings(taught_baseline=taught_baseline)
+    chosen = settings(taught_baseline=taught_baseline, taught_scale=taught_scale)
     return build_peer_rows(ids, rewards, [own, c, b], "A", ["A", "B", "C"], CAPS, chosen, BPE, 1.0, only, {"C"})
 
 
@@ -222,3 +222,12 @@ def test_own_baseline_on_taught_prompts_gives_the_learner_gspos_advantages():
     assert joint.self_advantages[3:6].tolist() != pytest.approx(gspo_q1 + gspo_q1[1:])  # C's rewards moved q1's
     assert own.advantages == joint.advantages and own.sources == ["B", "B", "C", "C", "C", "C"]
     assert own.advantages[2] == pytest.approx((1 - 0.1) / (sd + eps))  # C's correct row on q0
+
+
+def test_taught_scale_multiplies_the_taught_rows_advantages_only():
+    """`taught_scale: 0.25`: C's taught rows carry a quarter of their joint advantage; B's rescued rows and every own
+    row are untouched, and so is the baseline (the scale acts after it)."""
+    full, quarter = _taught_and_rescued("joint"), _taught_and_rescued("joint", 0.25)
+    assert quarter.advantages == pytest.approx(full.advantages[:2] + [a / 4 for a in full.advantages[2:]])
+    assert quarter.advantages[2] == pytest.approx((1 - 0.1) / (math.sqrt(0.2) + 1e-6) / 4)  # C's correct row on q0
+    assert torch.equal(quarter.self_advantages, full.self_advantages)

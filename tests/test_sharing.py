@@ -53,7 +53,7 @@ def test_the_settings_are_the_lists_other_modules_read():
     assert LEARNER_SETTINGS == (
         "peer_filter", "learn_from", "capability_gate", "capability_gate_warmup", "capability_gate_confidence",
         "capability_gate_rescue", "peer_fade_steps", "solo_steps_per_generation", "skip_empty_updates", "band_gate",
-        "peer_prompts", "taught_ratio_floor", "taught_schedule", "taught_baseline",
+        "peer_prompts", "taught_ratio_floor", "taught_schedule", "taught_baseline", "taught_scale",
     )  # fmt: skip
     start = CARD_SETTINGS.index("peer_filter")
     assert CARD_SETTINGS[start : start + len(LEARNER_SETTINGS)] == LEARNER_SETTINGS
@@ -67,6 +67,7 @@ def test_settings_from_a_configs_values_take_the_learner_fields_and_check_them_i
     values.update(capability_gate_warmup=2, capability_gate_confidence=0.0, capability_gate_rescue=True)
     values.update(peer_fade_steps=0, band_gate=False, naive=False, peer_clipping=True, capability_metric="accuracy")
     values.update(peer_prompts="all", taught_ratio_floor=0.2, taught_schedule="sharing", taught_baseline="joint")
+    values.update(taught_scale=1.0)
     settings = SharingSettings.from_values(values)
     assert (settings.peer_filter, settings.learn_from, settings.capability_gate_warmup) == ("correct", "B", 2)
     with pytest.raises(ValueError, match=r"^agent 'a': `band_gate` closes a peer .* no band"):
@@ -269,3 +270,9 @@ def test_taught_schedule_solo_keeps_a_batch_of_taught_rows_on_the_solo_schedule(
     with pytest.raises(ValueError, match=r"`taught_baseline` must be one of \('joint', 'own'\), got 'self'"):
         _settings(peer_prompts="failed", taught_baseline="self")
     assert _settings(peer_prompts="failed", taught_baseline="own").taught_baseline == "own"
+    for scale in (0, -0.5, 1.5, True, "0.5"):
+        with pytest.raises(ValueError, match=r"`taught_scale` must be a number in \(0, 1\], got "):
+            _settings(peer_prompts="failed", taught_scale=scale)
+    with pytest.raises(ValueError, match=r"`taught_scale` weighs taught rows, and `peer_prompts` is 'all'"):
+        _settings(taught_scale=0.5)
+    assert _settings(peer_prompts="failed", taught_scale=0.5).taught_scale == 0.5

@@ -185,6 +185,12 @@ class HACPOConfig(GRPOConfig):
             gives 0), or `"own"`: its own group's, as GSPO computes them, so a taught prompt adds the peer's rows and
             changes nothing of the learner's own. The taught rows' advantages stay the joint group's. Not in the
             paper. May differ per agent (`overrides`).
+        taught_scale (`float`, *optional*, defaults to `1.0`):
+            With `peer_prompts` 'better' or 'failed', a factor on the taught rows' advantages (so on their
+            objectives: the taught term is linear in A), in (0, 1]: what taught rows weigh in an update against the
+            learner's own rows, where a peer's traces on one part of a task can cost the learner another part (the
+            `complement` pair's `trace-carry` on its own half). `1`: full weight. Not in the paper. May differ per
+            agent (`overrides`).
         capability_gate_rescue (`bool`, *optional*, defaults to `False`):
             With `capability_gate` > 0, a peer the gate keeps closed still lends its rows on the prompts this learner
             failed at every completion (none with a positive reward, over all its ranks) and the peer solved at least
@@ -362,6 +368,9 @@ class HACPOConfig(GRPOConfig):
     taught_baseline: str = field(
         default="joint",
         metadata={"help": "With per-prompt sharing: 'own': a learner's rows on taught prompts keep GSPO's advantages."},
+    )
+    taught_scale: float = field(
+        default=1.0, metadata={"help": "With per-prompt sharing: a factor in (0, 1] on the taught rows' advantages."}
     )
     peer_fade_steps: int = field(
         default=0, metadata={"help": "Fade the peer rows' weight linearly to 0 over this many steps; 0 = no fade."}

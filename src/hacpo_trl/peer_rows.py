@@ -141,7 +141,9 @@ def build_peer_rows(
     ``peer_weight`` (the fade of ``peer_fade_steps``) multiplies the peer rows' advantages after the baseline, so their
     objectives too: the peer term is linear in A. A peer named in ``only_prompts`` (the prompts a closed peer rescues)
     enters only those prompts' joint groups, rows and rewards alike. The rows of a peer in ``taught`` are flagged for
-    :func:`~hacpo_trl.peer_loss.taught_weight` instead of the band.
+    :func:`~hacpo_trl.peer_loss.taught_weight` instead of the band, their advantages times ``settings.taught_scale``
+    (after the filter), and with ``settings.taught_baseline == "own"`` the learner's rows on their prompts keep the
+    advantages of its own group.
     """
     only_prompts = only_prompts or {}
     mine = set(prompt_ids)
@@ -222,7 +224,7 @@ def build_peer_rows(
         out.prompt_ids.append(pid)
         out.sources.append(source)
         out.completion_ids.append(view.ids)
-        out.advantages.append(adv)
+        out.advantages.append(adv * settings.taught_scale if source in taught else adv)
         out.old_mean_logps.append(old_mean)
         out.old_lengths.append(old_len)
         out.omega.append(capability_ratio(capabilities[source], capabilities[learner], ratio_min, ratio_max))

@@ -108,6 +108,7 @@ class SharingSettings:
     taught_ratio_floor: float = 0.2
     taught_schedule: str = "sharing"
     taught_baseline: str = "joint"
+    taught_scale: float = 1.0
     capability_metric: InitVar[str] = "accuracy"
     band: InitVar[bool] = True
     who: InitVar[str] = ""
@@ -172,6 +173,14 @@ class SharingSettings:
             raise ValueError(
                 f"{who}`taught_baseline: own` sets the learner's advantages on taught prompts, and `peer_prompts` is "
                 f"'all' (no taught prompts): set peer_prompts 'better' or 'failed', or taught_baseline 'joint'"
+            )
+        scale = self.taught_scale
+        if isinstance(scale, bool) or not (isinstance(scale, int | float) and 0 < scale <= 1):
+            raise ValueError(f"{who}`taught_scale` must be a number in (0, 1], got {scale!r}")
+        if scale != 1 and self.peer_prompts == "all":
+            raise ValueError(
+                f"{who}`taught_scale` weighs taught rows, and `peer_prompts` is 'all' (no taught rows): set "
+                "peer_prompts 'better' or 'failed', or taught_scale 1"
             )
 
     @classmethod
