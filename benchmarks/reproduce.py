@@ -67,6 +67,9 @@ REMEDY: dict = {"peer_filter": "correct"}
 # directed-sharing method makes it learn from no one (`learn_from: <stronger>`: everyone else learns from it only)
 STRONGER = {"state": "trace-instruct", "size": "trace-large", "model": "trace-qwen2", "style": "trace-bracket"}
 
+# `--device`: the accelerate config every pair's launch uses (two processes, one per agent)
+LAUNCH_CONFIGS = {"cpu": "cpu_2agents.yaml", "cuda": "one_gpu_2agents.yaml"}
+
 # the recommended preset, chosen on the validation split by the rules in RESULTS.md (never on `test`). Rule 13 (seeds
 # 100-107, five pairs): worst of ten agents +0.000 as the former preset's, tie (within 0.005) to the larger mean of
 # ten, +0.0334 against +0.0264. The former preset won rule 7 (worst of eight +0.000, tie-break on the weaker state and
@@ -226,7 +229,7 @@ def _argv(pair: str, name: str, settings: dict, updates: int, seed: int, args) -
     steps = pair_steps(pair, args)
     settings = _resolve(settings, pair, steps * updates)
     return [
-        "--config", str(recipe(pair)), "--output_dir", str(_folder(args.out, pair, name, seed)),
+        "--config", str(run_recipe(pair, args)), "--output_dir", str(_folder(args.out, pair, name, seed)),
         "--seed", str(seed), "--max_steps", str(steps * updates), "--plot", "false",
         "--eval_every", str(args.eval_every * updates), "--eval_split", args.split, "--logging_steps", "1",
         *_flags(settings),
@@ -236,6 +239,25 @@ def _argv(pair: str, name: str, settings: dict, updates: int, seed: int, args) -
 
 def recipe(pair: str) -> Path:
     return ROOT / "recipes" / f"tiny_{pair}.yaml"
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_recipe(pair: str, args) -> Path:
+    """The recipe a run is launched with: the pair's, or with `--device cuda` its copy for one GPU (both agents on it,
+    `share_gpus`; fp32 as on CPU), written beside the runs."""
+    if args.device == "cpu":
+        return recipe(pair)
+    import yaml
+
+    settings = {**yaml.safe_load(recipe(pair).read_text()), "use_cpu": False, "share_gpus": True, "bf16": False}
+    path = args.out / f"tiny_{pair}_cuda.yaml"
+    path.write_text(yaml.safe_dump(settings, sort_keys=False))
+    return path
 
 
 def pair_task(pair: str) -> str:
@@ -344,7 +366,7 @@ def run_pair(pair: str, jobs: list[tuple[str, dict, int, int]], args, started: f
         jobs_file.write_text(json.dumps([_argv(pair, *job, args) for job in todo]))
         cmd = [
             sys.executable, "-m", "accelerate.commands.launch",
-            "--config_file", str(ROOT / "accelerate_configs" / "cpu_2agents.yaml"),
+            "--config_file", str(ROOT / "accelerate_configs" / LAUNCH_CONFIGS[args.device]),
             "--main_process_port", str(free_port()), str(ROOT / "benchmarks" / "_worker.py"), str(jobs_file),
         ]  # fmt: skip
         print(f"[{time.perf_counter() - started:6.0f}s] {pair}: {len(todo)} runs in one launch", flush=True)
@@ -485,6 +507,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="JSON settings to try as the remedy (screen with --split validation)",
     )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=list(LAUNCH_CONFIGS),
+        help="cpu (the benchmark's machine) or cuda: both agents of a pair on one GPU",
+    )
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/runs/<split>-<steps>steps")
     parser.add_argument(
         "--results",
@@ -494,6 +522,11 @@ def main(argv: list[str] | None = None) -> int:
         "benchmarks/screens/<split>-<steps>steps[-lrX]/RESULTS.md, so it never overwrites the held-out results",
     )
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not _cuda_available():
+        print(
+            "reproduce: --device cuda needs a CUDA GPU, and torch sees none here; run it where one is", file=sys.stderr
+        )
+        return 2
     try:
         args.pair_steps = {k: int(v) for k, v in (item.split("=", 1) for item in args.pair_steps)}
     except ValueError:
@@ -713,11 +746,20 @@ def _curve_lines(entry: dict, method: str, split: str) -> list[str]:
     return [*lines, ""]
 
 
+def _on_device(line: str, device: str) -> str:
+    """The provenance line, naming the GPU the runs used."""
+    if device == "cpu":
+        return line
+    import torch
+
+    return line.replace("CPU only", f"one {torch.cuda.get_device_name()}")
+
+
 def _markdown(report, args, methods, run_seconds, argv) -> list[str]:
     lines = [
         "## Reproduction in miniature (`benchmarks/reproduce.py`)",
         "",
-        provenance("reproduce.py", sys.argv[1:] if argv is None else argv, run_seconds)
+        _on_device(provenance("reproduce.py", sys.argv[1:] if argv is None else argv, run_seconds), args.device)
         + f" Seeds {args.seeds}, {args.steps} steps of 8 prompts, evaluated on the `{args.split}` split.",
         "",
         f"Greedy accuracy on the {EVALUATED[args.split]} problems after training, mean ± std over seeds; Δ vs GSPO is "

@@ -88,7 +88,7 @@ def test_method_settings_name_the_pairs_stronger_agent_and_the_run_length(tmp_pa
     import reproduce
 
     args = argparse.Namespace(out=tmp_path, steps=12, eval_every=6, split="validation", learning_rate=None)
-    args.pair_steps = {"size": 20}  # the size pair's own horizon: 20 generation batches x 4 updates
+    args.pair_steps, args.device = {"size": 20}, "cpu"  # the size pair's own horizon: 20 generation batches x 4 updates
     settings, _, updates = reproduce.METHODS["HACPO directed (stronger learns from none)"]
     argv = reproduce._argv("size", "HACPO directed (stronger learns from none)", settings, updates, 100, args)
     assert argv[argv.index("--learn_from") + 1] == "trace-large" and argv[argv.index("--max_steps") + 1] == "80"
@@ -161,6 +161,32 @@ def test_finished_runs_are_reused_only_with_this_commands_horizon_and_learning_r
             reproduce.main(["--pair_steps", *bad, "--out", str(tmp_path / "never")])
         assert stop.value.code == 2
     assert not (tmp_path / "never").exists()
+
+
+def test_device_cuda_runs_each_pair_from_a_one_gpu_copy_of_its_recipe(tmp_path, monkeypatch, capsys):
+    """`--device cuda`: every run's recipe is the pair's with both agents on one GPU (`use_cpu: false`, `share_gpus:
+    true`, fp32), written beside the runs and accepted by `hacpo-train`'s recipe check; launched with the one-GPU
+    accelerate config. Without a CUDA GPU the command exits 2 naming what it needs."""
+    import yaml
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+
+    from hacpo_trl.train import check_recipe, load_recipe
+
+    args = argparse.Namespace(out=tmp_path, steps=4, eval_every=0, split="test", learning_rate=None, pair_steps={})
+    args.device = "cuda"
+    argv = reproduce._argv("complement", "GSPO", *reproduce.METHODS["GSPO"][::2], 0, args)
+    copy = Path(argv[argv.index("--config") + 1])
+    assert copy == tmp_path / "tiny_complement_cuda.yaml"
+    cpu = yaml.safe_load(reproduce.recipe("complement").read_text())
+    assert yaml.safe_load(copy.read_text()) == {**cpu, "use_cpu": False, "share_gpus": True, "bf16": False}
+    check_recipe(load_recipe(str(copy)), num_processes=2)
+    launch = yaml.safe_load((ROOT / "accelerate_configs" / reproduce.LAUNCH_CONFIGS["cuda"]).read_text())
+    assert (launch["num_processes"], launch["use_cpu"]) == (2, False)
+    monkeypatch.setattr(reproduce, "_cuda_available", lambda: False)
+    assert reproduce.main(["--device", "cuda", "--pairs", "complement", "--out", str(tmp_path)]) == 2
+    assert "--device cuda needs a CUDA GPU" in capsys.readouterr().err
 
 
 def test_every_pair_runs_the_recipe_of_its_agents():
