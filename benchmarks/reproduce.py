@@ -180,6 +180,15 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
          "taught_baseline": "own", **SOLO, "band_gate": True, **HACPO_SCHEDULE},
         8, 4,
     ),
+    # and the taught rows' advantages scaled down, against what they cost the learner's own half (rule 16)
+    **{
+        f"HACPO correct + failed-prompt floor 0.2 + taught scale {scale:g} + GSPO solo schedule + band gate": (
+            {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
+             "taught_scale": scale, **SOLO, "band_gate": True, **HACPO_SCHEDULE},
+            8, 4,
+        )
+        for scale in (0.5, 0.25)
+    },
 }  # fmt: skip
 METHODS |= CANDIDATES
 # the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset

@@ -333,3 +333,14 @@ def test_taught_prompts_counts_batches_and_prompts_from_a_log_by_hand():
         {"hacpo/taught_prompts/b": 0.125, "hacpo/taught_prompts/c": 0.125},
     ]
     assert taught_counts(log) == (3, 2, 4.0)
+
+
+def test_carry_errors_counts_a_lost_carry_by_hand():
+    """`carry_errors.py`: a carry-half solution with a column carried 0 (`+0=`) is the no-carry marker leaking in;
+    one that carries every column, or adds a 0 digit and its carry (`9+0+1=10`), is not."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from carry_errors import writes_no_carry
+
+    assert writes_no_carry("7+5=12, 4+8+0=12, 3+6+1=10, so 1022")
+    assert not writes_no_carry("7+5=12, 4+8+1=13, 3+6+1=10, so 1032")
+    assert not writes_no_carry("5+7=12, 9+0+1=10, 6+8+1=15, so 1502")
