@@ -29,7 +29,7 @@ $(VENV)/.installed: pyproject.toml
 DEMO_PAIR ?= size
 DEMO_METHOD ?= preset
 # The preset's settings as flags: RECOMMENDED in benchmarks/reproduce.py (tests/test_docs.py keeps the two equal).
-PRESET_ARGS = --peer_filter correct --peer_prompts failed --taught_ratio_floor 0.2 --taught_schedule solo \
+PRESET_ARGS = --peer_filter correct --peer_prompts failed --taught_ratio_floor 0.2 --taught_schedule solo --taught_scale 0.25 \
 	--band_gate true --solo_steps_per_generation 2
 # GSPO as the benchmark runs it: no sharing, 2 updates of 32 own rows per generation batch (24 steps = 12 batches).
 GSPO_ARGS = --share_rollouts false --per_device_train_batch_size 32 --steps_per_generation 2
