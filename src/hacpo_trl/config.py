@@ -183,14 +183,16 @@ class HACPOConfig(GRPOConfig):
             `"joint"`, the capability-aware baseline over the joint group (Eq. 5; the peer's correct rewards raise it,
             so on a prompt the learner failed entirely each of its own rows gets a negative advantage, where GSPO
             gives 0), or `"own"`: its own group's, as GSPO computes them, so a taught prompt adds the peer's rows and
-            changes nothing of the learner's own. The taught rows' advantages stay the joint group's. Not in the
-            paper. May differ per agent (`overrides`).
+            changes nothing of the learner's own. The taught rows' advantages stay the joint group's. On the
+            benchmark's validation runs `"own"` did not keep a learner's solved half (rule 15). Not in the paper. May
+            differ per agent (`overrides`).
         taught_scale (`float`, *optional*, defaults to `1.0`):
             With `peer_prompts` 'better' or 'failed', a factor on the taught rows' advantages (so on their
             objectives: the taught term is linear in A), in (0, 1]: what taught rows weigh in an update against the
             learner's own rows, where a peer's traces on one part of a task can cost the learner another part (the
-            `complement` pair's `trace-carry` on its own half). `1`: full weight. Not in the paper. May differ per
-            agent (`overrides`).
+            `complement` pair's `trace-carry` on its own half). `1`: full weight; the recommended preset's 0.25 (the
+            benchmark's rule 16: a learner's weak half gained as much at 0.25 as at 1, its solved half lost a sixth
+            as much). Not in the paper. May differ per agent (`overrides`).
         capability_gate_rescue (`bool`, *optional*, defaults to `False`):
             With `capability_gate` > 0, a peer the gate keeps closed still lends its rows on the prompts this learner
             failed at every completion (none with a positive reward, over all its ranks) and the peer solved at least
