@@ -261,11 +261,14 @@ def test_taught_schedule_solo_keeps_a_batch_of_taught_rows_on_the_solo_schedule(
     plan = plan_batch(16, True, decision.few_prompts, steps_per_generation=4, solo_micro_batches=2, iterations=1)
     assert plan == BatchPlan(16, 2, 4, 1, solo=False, few_prompts=True)
     assert not decide(_settings(), "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS).few_prompts  # B and C open everywhere
-    with pytest.raises(ValueError, match=r"`taught_schedule: solo` lays out .* `peer_prompts` is 'all'"):
+    with pytest.raises(
+        ValueError,
+        match=r"`taught_schedule: solo` acts on taught rows, and `peer_prompts` is 'all' .* or taught_schedule 'sharing'",
+    ):
         _settings(taught_schedule="solo")
     with pytest.raises(ValueError, match=r"`taught_schedule` must be one of \('sharing', 'solo'\), got 'paper'"):
         _settings(peer_prompts="better", taught_schedule="paper")
-    with pytest.raises(ValueError, match=r"`taught_baseline: own` sets .* `peer_prompts` is 'all'"):
+    with pytest.raises(ValueError, match=r"`taught_baseline: own` acts on taught rows, and `peer_prompts` is 'all'"):
         _settings(taught_baseline="own")
     with pytest.raises(ValueError, match=r"`taught_baseline` must be one of \('joint', 'own'\), got 'self'"):
         _settings(peer_prompts="failed", taught_baseline="self")
@@ -273,6 +276,6 @@ def test_taught_schedule_solo_keeps_a_batch_of_taught_rows_on_the_solo_schedule(
     for scale in (0, -0.5, 1.5, True, "0.5"):
         with pytest.raises(ValueError, match=r"`taught_scale` must be a number in \(0, 1\], got "):
             _settings(peer_prompts="failed", taught_scale=scale)
-    with pytest.raises(ValueError, match=r"`taught_scale` weighs taught rows, and `peer_prompts` is 'all'"):
+    with pytest.raises(ValueError, match=r"`taught_scale: 0.5` acts on taught rows, .* or taught_scale 1$"):
         _settings(taught_scale=0.5)
     assert _settings(peer_prompts="failed", taught_scale=0.5).taught_scale == 0.5

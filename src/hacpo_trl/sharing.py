@@ -162,26 +162,18 @@ class SharingSettings:
             raise ValueError(f"{who}`taught_ratio_floor` must be a number in [0, 1), got {floor!r}")
         if self.taught_schedule not in TAUGHT_SCHEDULES:
             raise ValueError(f"{who}`taught_schedule` must be one of {TAUGHT_SCHEDULES}, got {self.taught_schedule!r}")
-        if self.taught_schedule == "solo" and self.peer_prompts == "all":
-            raise ValueError(
-                f"{who}`taught_schedule: solo` lays out a batch of taught rows, and `peer_prompts` is "
-                f"{self.peer_prompts!r} (no taught rows): set peer_prompts 'better' or 'failed', or taught_schedule 'sharing'"
-            )
         if self.taught_baseline not in TAUGHT_BASELINES:
             raise ValueError(f"{who}`taught_baseline` must be one of {TAUGHT_BASELINES}, got {self.taught_baseline!r}")
-        if self.taught_baseline == "own" and self.peer_prompts == "all":
-            raise ValueError(
-                f"{who}`taught_baseline: own` sets the learner's advantages on taught prompts, and `peer_prompts` is "
-                f"'all' (no taught prompts): set peer_prompts 'better' or 'failed', or taught_baseline 'joint'"
-            )
         scale = self.taught_scale
         if isinstance(scale, bool) or not (isinstance(scale, int | float) and 0 < scale <= 1):
             raise ValueError(f"{who}`taught_scale` must be a number in (0, 1], got {scale!r}")
-        if scale != 1 and self.peer_prompts == "all":
-            raise ValueError(
-                f"{who}`taught_scale` weighs taught rows, and `peer_prompts` is 'all' (no taught rows): set "
-                "peer_prompts 'better' or 'failed', or taught_scale 1"
-            )
+        if self.peer_prompts == "all":  # these act on taught rows, which only per-prompt sharing makes
+            for name, default in (("taught_schedule", "sharing"), ("taught_baseline", "joint"), ("taught_scale", 1)):
+                if (value := getattr(self, name)) != default:
+                    raise ValueError(
+                        f"{who}`{name}: {value}` acts on taught rows, and `peer_prompts` is 'all' (no taught rows): "
+                        f"set peer_prompts 'better' or 'failed', or {name} {default!r}"
+                    )
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any], who: str = "") -> SharingSettings:
