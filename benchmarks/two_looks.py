@@ -8,6 +8,8 @@ planned before it ran, was made *because* of that miss. Two looks at one questio
 rate above 5%. Bonferroni's correction holds whatever the looks' dependence: each look at 97.5% (two-sided), so
 the two together err at most 5%. This script shows each look, and the 16 seeds pooled, at both levels. Written after
 both looks' results were known (RESULTS.md says so); it widens every interval, and nothing is trained here.
+`--pair`, `--agent` and `--method` ask the same of another agent and method (RESULTS.md's second look at the
+preset of rule 16), each in its own section of ``--results``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import provenance, write_section  # noqa: E402
-from reproduce import FORMER_PRESET as PRESET  # noqa: E402
+from reproduce import FORMER_PRESET  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,10 +58,10 @@ def interval(diffs: list[float], level: float) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
-def diffs(results: Path, pair: str, agent: str) -> tuple[list[int], list[float]]:
+def diffs(results: Path, pair: str, agent: str, method: str = FORMER_PRESET) -> tuple[list[int], list[float]]:
     data = json.loads(results.read_text())
     acc = data["settings"][pair]["accuracy"][agent]
-    return data["seeds"], [a - b for a, b in zip(acc[PRESET], acc["GSPO"], strict=True)]
+    return data["seeds"], [a - b for a, b in zip(acc[method], acc["GSPO"], strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,11 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replication", type=Path, default=ROOT / "benchmarks" / "size-replication" / "results.json")
     parser.add_argument("--pair", default="size")
     parser.add_argument("--agent", default="trace-small")
+    parser.add_argument("--method", default=FORMER_PRESET, help="the method against GSPO (default: rule 7's preset)")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "size-replication" / "RESULTS.md")
     args = parser.parse_args(argv)
     start = time.time()
-    first_seeds, first = diffs(args.grid, args.pair, args.agent)
-    second_seeds, second = diffs(args.replication, args.pair, args.agent)
+    first_seeds, first = diffs(args.grid, args.pair, args.agent, args.method)
+    second_seeds, second = diffs(args.replication, args.pair, args.agent, args.method)
     if set(first_seeds) & set(second_seeds):
         raise SystemExit(f"the two looks share seeds {sorted(set(first_seeds) & set(second_seeds))}")
     looks = [
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "## Two looks, corrected (`benchmarks/two_looks.py`)",
         "",
-        f"`{args.agent}` ({args.pair} pair), the former preset (rule 7) − GSPO on `test`, paired by seed. 95%: each look "
+        f"`{args.agent}` ({args.pair} pair), `{args.method}` − GSPO on `test`, paired by seed. 95%: each look "
         "on its own, as reported. 97.5%: Bonferroni's correction for the two looks made (each at 2.5% error, so "
         "at most 5% for the two together, whatever their dependence). Written after both looks' results were known.",
         "",
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{'yes' if low > 0 else 'no'} |"
         )
     lines += ["", provenance("two_looks.py", argv if argv is not None else sys.argv[1:], time.time() - start)]
-    write_section(args.results, "two_looks", lines)
+    write_section(args.results, f"two_looks/{args.pair}/{args.agent}", lines)
     print("\n".join(lines))
     return 0
 

@@ -292,6 +292,16 @@ def test_two_looks_corrects_each_look_by_hand(tmp_path):
     rows = [r for r in out.read_text().splitlines() if r.startswith("| look")]
     assert "| +0.0450 |" in rows[0] and f"[{0.045 - half:+.4f}, {0.045 + half:+.4f}] | yes |" in rows[0], rows[0]
     assert "| +0.0250 |" in rows[1] and f"[{0.025 - half:+.4f}, {0.025 + half:+.4f}] | no |" in rows[1], rows[1]
+    for name in ("a", "b"):  # another method of the same runs, by `--method`: the same rows, the section rewritten
+        data = json.loads((tmp_path / f"{name}.json").read_text())
+        data["settings"]["size"]["accuracy"]["trace-small"]["M"] = data["settings"]["size"]["accuracy"]["trace-small"][
+            FORMER_PRESET
+        ]
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+    assert main([*files, "--method", "M"]) == 0
+    text = out.read_text()
+    assert text.count("<!-- two_looks/size/trace-small -->") == 2 and "`M` − GSPO" in text
+    assert [r for r in text.splitlines() if r.startswith("| look")][-2:] == rows[:2]
     look(tmp_path / "b.json", [3, 4, 5, 6], [0.01] * 4)
     with pytest.raises(SystemExit, match=r"share seeds \[3\]"):
         main(files)
