@@ -176,32 +176,16 @@ def build_peer_rows(
         joint_sources.append(source)
         joint_groups.append(pid)
     ratio_min, ratio_max = settings.capability_ratio_min, settings.capability_ratio_max
-    # A joint group left with one finite reward (its other rows unscorable or rejected) has no spread to learn from:
-    # its row gets advantage 0, as TRL gives a group whose std is 0, instead of stopping the run.
-    sizes = Counter(joint_groups)
-    usable = [k for k, gid in enumerate(joint_groups) if sizes[gid] > 1]
-    advantages = torch.zeros(len(joint_rewards))
-    if usable:
-        advantages[usable] = capability_aware_advantages(
-            [joint_rewards[k] for k in usable],
-            [joint_sources[k] for k in usable],
-            [joint_groups[k] for k in usable],
-            learner,
-            capabilities,
-            capability_weighting=settings.capability_baseline,
-            zero_uniform_groups=settings.zero_uniform_groups,
-            max_reward=settings.max_reward,
-            min_ratio=ratio_min,
-            max_ratio=ratio_max,
-        ).float()
+    advantages = _group_advantages(joint_rewards, joint_sources, joint_groups, learner, capabilities, settings)
     out.self_advantages = torch.zeros(len(prompt_ids))
     out.self_advantages[self_index] = advantages[: len(self_index)]
     if settings.taught_baseline == "own":  # own rows on a taught prompt keep their own group's (GSPO's) advantages
         taught_prompts = {pid for pid, source, *_ in candidates if source in taught}
         on_taught = [i for i in self_index if prompt_ids[i] in taught_prompts]
-        own = [float(rewards[i]) for i in on_taught]
-        ids = [prompt_ids[i] for i in on_taught]
-        out.self_advantages[on_taught] = _own_group_advantages(ids, own, learner, settings)
+        own, ids = [float(rewards[i]) for i in on_taught], [prompt_ids[i] for i in on_taught]
+        out.self_advantages[on_taught] = _group_advantages(
+            own, [learner] * len(own), ids, learner, capabilities, settings
+        )
     peer_adv = advantages[len(self_index) :] * peer_weight
 
     # re-tokenize the peer rows we train on
@@ -235,17 +219,29 @@ def build_peer_rows(
     return out
 
 
-def _own_group_advantages(prompt_ids: list[str], rewards: list[float], learner: str, settings) -> torch.Tensor:
-    """Advantages over each prompt's group of the learner's own finite rewards only (0 for a lone row)."""
-    sizes = Counter(prompt_ids)
-    usable = [k for k, pid in enumerate(prompt_ids) if sizes[pid] > 1]
-    out = torch.zeros(len(prompt_ids))
+def _group_advantages(
+    rewards: list[float], sources: list[str], groups: list[str], learner: str, capabilities, settings
+) -> torch.Tensor:
+    """:func:`~hacpo_trl.algorithm.capability_aware_advantages` over each group of ``rewards``. A group left with one
+    finite reward (its other rows unscorable or rejected) has no spread to learn from: its row gets advantage 0, as
+    TRL gives a group whose std is 0, instead of stopping the run."""
+    sizes = Counter(groups)
+    usable = [k for k, gid in enumerate(groups) if sizes[gid] > 1]
+    advantages = torch.zeros(len(rewards))
     if usable:
-        out[usable] = capability_aware_advantages(
-            [rewards[k] for k in usable], [learner] * len(usable), [prompt_ids[k] for k in usable], learner,
-            {learner: 1.0}, zero_uniform_groups=settings.zero_uniform_groups, max_reward=settings.max_reward,
-        ).float()  # fmt: skip
-    return out
+        advantages[usable] = capability_aware_advantages(
+            [rewards[k] for k in usable],
+            [sources[k] for k in usable],
+            [groups[k] for k in usable],
+            learner,
+            capabilities,
+            capability_weighting=settings.capability_baseline,
+            zero_uniform_groups=settings.zero_uniform_groups,
+            max_reward=settings.max_reward,
+            min_ratio=settings.capability_ratio_min,
+            max_ratio=settings.capability_ratio_max,
+        ).float()
+    return advantages
 
 
 def _pad_rows(rows: list[torch.Tensor], value: float, side: str, width: int | None = None) -> torch.Tensor:
