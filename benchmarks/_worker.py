@@ -16,6 +16,7 @@ import time
 
 
 def main() -> None:
+    from _common import recorded
     from trl import TrlParser
 
     from hacpo_trl.config import HACPOConfig
@@ -40,6 +41,9 @@ def main() -> None:
             with open(path) as f:
                 summary = json.load(f)
             summary["_wall_seconds"] = time.perf_counter() - start
+            for entry in summary.values():  # recorded relative to the repository root, as every benchmark record
+                if isinstance(entry, dict) and "output_dir" in entry:
+                    entry["output_dir"] = recorded(entry["output_dir"])
             with open(path, "w") as f:
                 json.dump(summary, f, indent=2)
             print(f"done: {root} ({summary['_wall_seconds']:.0f}s)", flush=True)

@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "src"))
-from _common import free_port, provenance, write_section  # noqa: E402
+from _common import command, free_port, provenance, write_section  # noqa: E402
 
 from hacpo_trl.demo import PAIRS  # noqa: E402
 
@@ -587,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     rollouts |= {name: 8 * PROMPTS_PER_STEP for name in ABLATIONS}
     report = _report(results, args, methods, rollouts)
     report["wall_minutes"] = round(run_seconds / 60, 1)
-    report["command"] = "python benchmarks/reproduce.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    report["command"] = command("reproduce.py", sys.argv[1:] if argv is None else argv)
     report["recommended"] = RECOMMENDED
     # as recipe keys on top of the paper's sharing schedule (HACPO_SCHEDULE), for re-running it elsewhere
     preset = METHODS[RECOMMENDED][0] if RECOMMENDED else {}

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_section  # noqa: E402
+from _common import resolved, write_section  # noqa: E402
 from reproduce import RECOMMENDED, STRONGER, _folder, mean_ci  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,11 +52,18 @@ def _roles(pair: str, agents: list[str]) -> list[tuple[str, str]]:
 
 
 def _runs_folder(report: dict) -> Path | None:
+    """The grid's `--out` as its command records it (relative: to the repository root). A folder that is not here
+    stops the script: without it the gate and cost lines would silently go missing."""
     words = shlex.split(report.get("command", ""))
     if "--out" not in words:
         return None
-    folder = ROOT / words[words.index("--out") + 1]
-    return folder if folder.is_dir() else None
+    folder = resolved(words[words.index("--out") + 1])
+    if not folder.is_dir():
+        raise SystemExit(
+            f"summary: the grid's runs folder {folder} (--out of results.json's command) is not here; record it "
+            "relative to the repository root, or run the grid's command to make it"
+        )
+    return folder
 
 
 def _gate_and_rows(runs: Path, pair: str, agent: str, seeds: list[int]) -> tuple[int, int, list[float]] | None:

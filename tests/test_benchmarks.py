@@ -81,6 +81,24 @@ def test_reproduce_and_overhead_write_their_sections(tmp_path, builtin_cache):
             assert re.search(row, text), (agent, method)
 
 
+def test_commands_are_recorded_with_paths_relative_to_the_repository(tmp_path):
+    """A record must read the same in every checkout: a path inside the repository is written relative to its root
+    (and a relative one read back against it), anything else as given."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _common
+
+    argv = ["--out", str(ROOT / "benchmarks" / "runs" / "x"), f"--results={ROOT / 'benchmarks' / 'RESULTS.md'}",
+            "--methods", "HACPO correct + gate 1.0", "--steps", "48", "--grid", "benchmarks/results.json",
+            "--elsewhere", str(tmp_path / "runs")]  # fmt: skip
+    assert _common.command("reproduce.py", argv) == (
+        "python benchmarks/reproduce.py --out benchmarks/runs/x --results=benchmarks/RESULTS.md --methods HACPO correct "
+        f"+ gate 1.0 --steps 48 --grid benchmarks/results.json --elsewhere {tmp_path / 'runs'}"
+    )
+    assert "--out benchmarks/runs/x " in _common.provenance("reproduce.py", argv, 60.0)
+    assert _common.resolved("benchmarks/runs/x") == ROOT / "benchmarks" / "runs" / "x"
+    assert _common.resolved(tmp_path) == tmp_path
+
+
 def test_method_settings_name_the_pairs_stronger_agent_and_the_run_length(tmp_path):
     """Directed sharing makes the pair's stronger agent learn from no one, the fade spans the run's optimizer steps,
     and validation runs default to seeds the held-out grid never uses."""

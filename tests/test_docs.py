@@ -105,6 +105,41 @@ def test_results_first_screen_is_current():
     assert pairs == set(report["settings"]) and len(rows) == 2 * len(pairs)  # both agents of every pair, in 80 lines
 
 
+def test_results_first_screen_reads_its_runs_relative_to_the_checkout():
+    """The grid's `--out` is recorded relative to the repository root, so the summary regenerates in any checkout;
+    one that is not here (another machine's absolute path) stops the script instead of dropping lines."""
+    summary = _module(ROOT / "benchmarks" / "summary.py")
+    report = json.loads((ROOT / "benchmarks" / "results.json").read_text())
+    assert " --out benchmarks/runs/" in report["command"]
+    elsewhere = {**report, "command": report["command"].replace(" --out ", " --out /elsewhere/checkout/")}
+    with pytest.raises(SystemExit, match=r"runs folder /elsewhere/checkout/benchmarks/runs/\S+ \(--out .*is not here"):
+        summary.lines_for(elsewhere)
+
+
+# an absolute path of the machine that wrote a file: its checkout, scratch or home folders
+MACHINE_PATH = re.compile(rb"(?<![\w.~/-])/(work|tmp|root|home|Users)/")
+
+
+def test_no_tracked_file_holds_a_machine_path():
+    """Records (commands, run folders, logs) hold paths relative to the repository root: an absolute path of the
+    machine that wrote them means nothing in another checkout. The training logs (`log_history.json`) are left out
+    of the scan: they hold only metric names and numbers, and reading their hundreds of MB takes a minute."""
+    for folder in (b"work", b"tmp", b"root", b"home"):
+        assert MACHINE_PATH.search(b"--out /" + folder + b"/main/runs") and MACHINE_PATH.search(b"(/" + folder + b"/x)")
+    assert not MACHINE_PATH.search(b"--out scratch/tmp/runs https://example.org/home/x ~/work/ benchmarks/runs/")
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    hits = []
+    for name in listed.decode().split("\0"):
+        path = ROOT / name
+        if name and not name.endswith("/log_history.json") and path.is_file():
+            hits += [f"{name}: {m.group().decode()}..." for m in MACHINE_PATH.finditer(path.read_bytes())][:1]
+    assert not hits, "absolute machine paths in tracked files (record them relative to the repository root):\n" + (
+        "\n".join(hits[:20])
+    )
+
+
 def _first_screen_figures() -> dict[tuple[str, str], str]:
     """Each agent of state, size and model: the preset − GSPO figure as the README writes it, from results.json."""
     summary = _module(ROOT / "benchmarks" / "summary.py")

@@ -280,7 +280,7 @@ def test_the_bracket_style_changes_the_warmup_solutions_only():
     assert arithmetic_trace_answer(rows["solution"], rows["answer"]) == [1.0] * 50
 
 
-def test_trace_splits_are_disjoint_large_enough_and_long_for_every_tokenizer():
+def test_trace_splits_are_disjoint_large_enough_and_long_for_every_tokenizer(tmp_path):
     splits = trace_splits()
     keys = {name: {r["prompt"][0]["content"] for r in data} for name, data in splits.items()}
     assert len(keys["test"]) == len(splits["test"]) >= 500
@@ -290,7 +290,7 @@ def test_trace_splits_are_disjoint_large_enough_and_long_for_every_tokenizer():
             assert not keys[a] & keys[b], (a, b)
     assert trace_splits()["test"][:5] == splits["test"][:5]  # from a seed
     for name in ("trace-llama", "trace-qwen2"):
-        tok = demo._as_loaded(*_bare(name), "/tmp/hacpo-test-tok-" + name)
+        tok = demo._as_loaded(*_bare(name), str(tmp_path / name))
         lengths = [len(tok(r["solution"], add_special_tokens=False)["input_ids"]) for r in splits["test"]]
         assert min(lengths) >= 15, (name, min(lengths))
 
