@@ -5,19 +5,19 @@ and how often each agent's gate opened: does the preset keep protecting the stro
 
 Reads the finished runs of `reproduce.py --split validation --steps 96 --eval_every 16 --pairs state model --methods
 GSPO "<preset>"` (the curve points at 48 and 96 generation batches, and each agent's logged
-`hacpo/learns_from/<peer>`) and writes a section of `benchmarks/screens/validation-96steps-b3/RESULTS.md`. Nothing is
+`hacpo/learns_from/<peer>`, from the runs' records: `_runs.py`) and writes a section of `benchmarks/screens/validation-96steps-b3/RESULTS.md`. Nothing is
 trained here.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _runs  # noqa: E402
 from _common import provenance, write_section  # noqa: E402
 from reproduce import FORMER_PRESET as PRESET  # noqa: E402
 from reproduce import METHODS, PAIR_AGENTS, STRONGER, _folder, paired_ci  # noqa: E402
@@ -60,14 +60,12 @@ def main(argv: list[str] | None = None) -> int:
                 acc = {m: [] for m in updates}
                 for seed in args.seeds:
                     for method, per_batch in updates.items():
-                        folder = _folder(args.runs, pair, method, seed)
-                        curve = json.loads((folder / "hacpo_summary.json").read_text())[agent]["curve"]
+                        curve = _runs.record(_folder(args.runs, pair, method, seed))["summary"][agent]["curve"]
                         acc[method].append(dict(curve)[per_batch * n])
                 cells.append(paired(acc[PRESET], acc["GSPO"]))
                 equal = sum(x == y for x, y in zip(acc[PRESET], acc["GSPO"], strict=True))
             for seed in args.seeds:
-                folder = _folder(args.runs, pair, PRESET, seed)
-                log = json.loads((folder / agent / "log_history.json").read_text())
+                log = _runs.batches(_runs.record(_folder(args.runs, pair, PRESET, seed))["logs"][agent])
                 flags = [e[f"hacpo/learns_from/{peer}"] for e in log if f"hacpo/learns_from/{peer}" in e]
                 opened.append(f"{int(sum(flags))}/{len(flags)}")
             role = " (stronger)" if agent == STRONGER[pair] else ""

@@ -8,6 +8,8 @@ task, with the paper's update schedule, paired by seed.
 
 Finished runs are kept under `--out` (default `benchmarks/runs/<split>-<steps>steps`) and reused, so an interrupted
 or partial grid continues where it stopped: run the same command again, or one `--pairs` / `--methods` at a time.
+Each finished run is recorded in `<out>/runs.jsonl.gz` (`_runs.py`: its summary and what the tables read from its
+logs), which is committed; the run folders with the full logs are not.
 
 Every method of a pair starts from the same two warm-started agents (`hacpo_trl.demo.PAIRS`) and, for a given seed,
 sees the same prompt stream; each is evaluated the same way: greedy accuracy on the 500 held-out problems of
@@ -41,7 +43,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "src"))
+import _runs  # noqa: E402
 from _common import command, free_port, provenance, write_section  # noqa: E402
+from _runs import PEER_KEYS  # noqa: E402
 
 from hacpo_trl.demo import PAIRS  # noqa: E402
 
@@ -293,11 +297,11 @@ def check_run_schedule(folder: Path, pair: str, updates: int, args) -> None:
     """A finished run is reused only if it was trained for this pair's horizon and learning rate (read back from its
     curve and its first logged step): otherwise a changed `--steps`, `--pair_steps`, `--learning_rate` or recipe
     rate would silently pair runs of another schedule with new ones."""
-    summary = json.loads((folder / "hacpo_summary.json").read_text())
+    run = _runs.record(folder)
     want = {"optimizer steps": pair_steps(pair, args) * updates, "learning rate": pair_learning_rate(pair, args)}
     for agent in PAIR_AGENTS[pair]:
-        first = json.loads((folder / agent / "log_history.json").read_text())[0]
-        got = {"optimizer steps": summary[agent]["curve"][-1][0], "learning rate": first["learning_rate"]}
+        first_rate = run["logs"][agent]["first_learning_rate"]
+        got = {"optimizer steps": run["summary"][agent]["curve"][-1][0], "learning rate": first_rate}
         if got != want:
             raise SystemExit(
                 f"reproduce: the finished run {folder} ({agent}) was trained with {got}, this command asks for {want}; "
@@ -366,9 +370,9 @@ def check_reused_agents(out: Path, pair: str, finished: int) -> None:
 
 
 def run_pair(pair: str, jobs: list[tuple[str, dict, int, int]], args, started: float) -> dict[str, dict[int, dict]]:
-    """Every run of one pair in one launch (`_worker.py`); runs already finished (a summary exists) are skipped, when
-    they were made from the agents built here (`check_reused_agents`)."""
-    todo = [j for j in jobs if not (_folder(args.out, pair, j[0], j[3]) / "hacpo_summary.json").exists()]
+    """Every run of one pair in one launch (`_worker.py`); runs already finished (recorded in `_runs.RECORDS`, or a
+    summary exists) are skipped, when they were made from the agents built here (`check_reused_agents`)."""
+    todo = [j for j in jobs if _runs.record(_folder(args.out, pair, j[0], j[3])) is None]
     check_reused_agents(args.out, pair, finished=len(jobs) - len(todo))
     for name, _, updates, seed in (j for j in jobs if j not in todo):
         check_run_schedule(_folder(args.out, pair, name, seed), pair, updates, args)
@@ -389,7 +393,7 @@ def run_pair(pair: str, jobs: list[tuple[str, dict, int, int]], args, started: f
                     print(f"[{time.perf_counter() - started:6.0f}s]   {line[6:].strip()}", flush=True)
             proc.wait()
         record = args.out / pair / AGENTS_RECORD
-        done = [j for j in todo if (_folder(args.out, pair, j[0], j[3]) / "hacpo_summary.json").exists()]
+        done = [j for j in todo if _runs.record(_folder(args.out, pair, j[0], j[3])) is not None]
         # the launch built the agents (or found them cached): record what they were
         if done and not record.exists():
             record.write_text(json.dumps(_built_agents(pair), indent=1, sort_keys=True) + "\n")
@@ -398,8 +402,7 @@ def run_pair(pair: str, jobs: list[tuple[str, dict, int, int]], args, started: f
             raise RuntimeError(f"{pair} failed ({log}):\n{text[text.find('Traceback') :][:3000] or text[-3000:]}")
     results: dict[str, dict[int, dict]] = {}
     for name, _, _, seed in jobs:
-        summary = _folder(args.out, pair, name, seed) / "hacpo_summary.json"
-        results.setdefault(name, {})[seed] = json.loads(summary.read_text())
+        results.setdefault(name, {})[seed] = _runs.record(_folder(args.out, pair, name, seed))["summary"]
     return results
 
 
@@ -428,30 +431,16 @@ def mean_ci(diffs: list[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
-PEER_KEYS = {
-    "median": "hacpo/peer_ratio_median",
-    "geomean": "hacpo/peer_ratio_geomean",
-    "in_band": "hacpo/peer_ratio_in_band",
-    "lower_bound": "hacpo/peer_ratio_lower_bound",
-    "mean": "hacpo/peer_ratio_mean",
-    "low": "hacpo/peer_clipped_low",
-    "high": "hacpo/peer_clipped_high",
-}
-
-
 def peer_stats(out: Path, pair: str, method: str, agent: str, seeds: list[int]) -> dict[str, float]:
     """Peer rows with this agent as learner, from the training logs: per-generation-batch statistics averaged over
-    the steps of each run, then over seeds (the paper's Table 6 reports per-step means the same way)."""
+    the steps of each run (`_runs.digest`), then over seeds (the paper's Table 6 reports per-step means the same way)."""
     per_key: dict[str, list[float]] = {k: [] for k in PEER_KEYS}
     for seed in seeds:
-        path = _folder(out, pair, method, seed) / agent / "log_history.json"
-        if not path.exists():
-            continue
-        history = json.loads(path.read_text())
+        run = _runs.record(_folder(out, pair, method, seed))
+        means = run["logs"].get(agent, {}).get("peer_means", {}) if run else {}
         for key, metric in PEER_KEYS.items():
-            values = [e[metric] for e in history if metric in e]
-            if values:
-                per_key[key].append(statistics.mean(values))
+            if metric in means:
+                per_key[key].append(means[metric])
     return {k: statistics.mean(v) for k, v in per_key.items() if v}
 
 

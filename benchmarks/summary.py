@@ -6,9 +6,8 @@ the paper's rule and Naive sharing, and what it costs, recomputed from the held-
 Accuracies come from `benchmarks/results.json` (the grid's command writes it); every pair in it gets its rows, so a
 pair added to the grid appears here once the grid has run and this script runs again. The stronger agent of a pair
 is `STRONGER` of `reproduce.py` (the agent built to the higher band of sampled accuracy, as HACPO's P̂ ranks it).
-The gate's openings, the peer rows and the run times come from the runs' logs (`log_history.json` and
-`hacpo_summary.json` under the grid's `--out` folder, committed); without them those lines are left out. Nothing is
-trained here. `tests/test_docs.py` fails when the committed section differs from what this script writes.
+The gate's openings, the peer rows and the run times come from the grid's run records (`runs.jsonl.gz` in its
+`--out` folder, committed: `_runs.py`); without a run's record those lines are left out. Nothing is trained here. `tests/test_docs.py` fails when the committed section differs from what this script writes.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _runs  # noqa: E402
 from _common import resolved, write_section  # noqa: E402
 from reproduce import RECOMMENDED, STRONGER, _folder, mean_ci  # noqa: E402
 
@@ -52,16 +52,16 @@ def _roles(pair: str, agents: list[str]) -> list[tuple[str, str]]:
 
 
 def _runs_folder(report: dict) -> Path | None:
-    """The grid's `--out` as its command records it (relative: to the repository root). A folder that is not here
-    stops the script: without it the gate and cost lines would silently go missing."""
+    """The grid's `--out` as its command records it (relative: to the repository root). A folder without run records
+    stops the script: without them the gate and cost lines would silently go missing."""
     words = shlex.split(report.get("command", ""))
     if "--out" not in words:
         return None
     folder = resolved(words[words.index("--out") + 1])
-    if not folder.is_dir():
+    if not (folder / _runs.RECORDS).exists():
         raise SystemExit(
-            f"summary: the grid's runs folder {folder} (--out of results.json's command) is not here; record it "
-            "relative to the repository root, or run the grid's command to make it"
+            f"summary: no run records at {folder / _runs.RECORDS} (the --out of results.json's command); record the "
+            "folder relative to the repository root, or run the grid's command to make them"
         )
     return folder
 
@@ -72,10 +72,10 @@ def _gate_and_rows(runs: Path, pair: str, agent: str, seeds: list[int]) -> tuple
     opened = batches = 0
     rows: list[float] = []
     for seed in seeds:
-        path = _folder(runs, pair, RECOMMENDED, seed) / agent / "log_history.json"
-        if not path.exists():
+        run = _runs.record(_folder(runs, pair, RECOMMENDED, seed))
+        if run is None or agent not in run["logs"]:
             return None
-        for entry in json.loads(path.read_text()):
+        for entry in _runs.batches(run["logs"][agent]):
             gates = [v for k, v in entry.items() if k.startswith("hacpo/learns_from/")]
             if not gates:
                 continue
@@ -89,10 +89,10 @@ def _gate_and_rows(runs: Path, pair: str, agent: str, seeds: list[int]) -> tuple
 def _wall(runs: Path, pair: str, method: str, seeds: list[int]) -> list[float] | None:
     times = []
     for seed in seeds:
-        path = _folder(runs, pair, method, seed) / "hacpo_summary.json"
-        if not path.exists():
+        run = _runs.record(_folder(runs, pair, method, seed))
+        if run is None:
             return None
-        times.append(json.loads(path.read_text())["_wall_seconds"])
+        times.append(run["summary"]["_wall_seconds"])
     return times
 
 

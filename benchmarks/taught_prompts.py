@@ -1,5 +1,6 @@
 """How often each learner was taught under a per-prompt method: the generation batches with a taught prompt and the
-taught prompts per run, read from the runs' logs (`hacpo/taught_prompts/<peer>`, a share of the batch's prompts).
+taught prompts per run, read from the runs' records of their logs (`hacpo/taught_prompts/<peer>`, a share of the
+batch's prompts; `_runs.py`).
 
     python benchmarks/taught_prompts.py --runs benchmarks/runs/validation-48steps-b3 --pairs state model style \
         complement --method "<method>" --results benchmarks/screens/<screen>/RESULTS.md
@@ -10,12 +11,12 @@ Nothing is trained here. A learner closed off by the band gate logs 0 for that b
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _runs  # noqa: E402
 from _common import provenance, write_section  # noqa: E402
 from reproduce import PAIR_AGENTS, PROMPTS_PER_STEP, _folder  # noqa: E402
 
@@ -55,10 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         for agent in PAIR_AGENTS[pair]:
             total = [0, 0, 0.0]
             for seed in args.seeds:
-                path = _folder(args.runs, pair, args.method, seed) / agent / "log_history.json"
-                if not path.exists():
-                    raise SystemExit(f"no run at {path}")
-                for i, n in enumerate(taught_counts(json.loads(path.read_text()))):
+                folder = _folder(args.runs, pair, args.method, seed)
+                run = _runs.record(folder)
+                if run is None or agent not in run["logs"]:
+                    raise SystemExit(f"no run of {agent} recorded at {folder}")
+                for i, n in enumerate(taught_counts(_runs.batches(run["logs"][agent]))):
                     total[i] += n
             lines.append(f"| {pair} | `{agent}` | {total[1]} of {total[0]} | {total[2] / len(args.seeds):.1f} |")
     argv = argv if argv is not None else sys.argv[1:]

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _runs  # noqa: E402
 import reproduce as rp  # noqa: E402
 from _common import free_port, provenance, write_section  # noqa: E402
 
@@ -24,9 +25,9 @@ AGENTS = {"trace-instruct": "state", "trace-base": "state", "trace-small": "size
 def _accuracies(out: Path, pair: str, method: str, seeds: list[int], agent: str, batches: int) -> list[float]:
     """The agent's held-out accuracy after ``batches`` generation batches: at the end of the run, or the evaluation
     of a longer run at that point (the size pair runs 64 batches, RESULTS.md rule 5; its curve has 48)."""
-    folders = [rp._folder(out, pair, method, s) / "hacpo_summary.json" for s in seeds]
+    runs = [_runs.record(rp._folder(out, pair, method, s))["summary"] for s in seeds]
     step = batches * rp.UPDATES[method]  # curves count optimizer steps
-    return [dict(json.loads(f.read_text())[agent]["curve"])[step] for f in folders]
+    return [dict(run[agent]["curve"])[step] for run in runs]
 
 
 def _paired(a: list[float], b: list[float]) -> str:
@@ -34,6 +35,19 @@ def _paired(a: list[float], b: list[float]) -> str:
     mean = statistics.mean(diff)
     half = rp.T_975[len(diff) - 1] * statistics.stdev(diff) / len(diff) ** 0.5
     return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+
+
+def rows(out: Path, seeds: list[int], steps: int) -> list[str]:
+    """The table's rows: each agent at ``steps`` generation batches, from the runs' records."""
+    lines = []
+    for agent, pair in AGENTS.items():
+        gspo, two, three = (
+            _accuracies(out, p, m, seeds, agent, steps)
+            for p, m in ((pair, "GSPO"), (pair, rp.FORMER_PRESET), ("three", rp.FORMER_PRESET))
+        )
+        means = " | ".join(f"{statistics.mean(x):.3f}" for x in (gspo, two, three))
+        lines.append(f"| {agent} | {pair} | {means} | {_paired(three, gspo)} | {_paired(three, two)} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,17 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     args.learning_rate, args.pair_steps = None, {}  # the recipe's rates (trace-small's is its pair's, 5e-5)
     settings, _, updates = rp.METHODS[rp.FORMER_PRESET]
     needed = [(pair, m) for pair in set(AGENTS.values()) for m in ("GSPO", rp.FORMER_PRESET)]
-    missing = [f"{pair}/{m}" for pair, m in needed if not rp._folder(args.out, pair, m, args.seeds[-1]).exists()]
+    missing = [
+        f"{pair}/{m}" for pair, m in needed if _runs.record(rp._folder(args.out, pair, m, args.seeds[-1])) is None
+    ]
     if missing:
         raise SystemExit(
             f"three_agents: the two-agent runs {missing} are missing in {args.out}: run reproduce.py first"
         )
 
-    todo = [
-        s
-        for s in args.seeds
-        if not (rp._folder(args.out, "three", rp.FORMER_PRESET, s) / "hacpo_summary.json").exists()
-    ]
+    todo = [s for s in args.seeds if _runs.record(rp._folder(args.out, "three", rp.FORMER_PRESET, s)) is None]
     (args.out / "three").mkdir(parents=True, exist_ok=True)
     built = {**rp._built_agents("state"), **rp._built_agents("size")}
     (args.out / "three" / rp.AGENTS_RECORD).write_text(json.dumps({a: built[a] for a in AGENTS}, indent=1))
@@ -74,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out / "three-worker.log", "w") as log:
             subprocess.run(cmd, stderr=log, check=True)
 
-    runs = [rp._folder(args.out, "three", rp.FORMER_PRESET, s) / "hacpo_summary.json" for s in args.seeds]
-    run_seconds = sum(json.loads(f.read_text()).get("_wall_seconds", 0.0) for f in runs)  # of the runs, resumed or not
+    runs = [_runs.record(rp._folder(args.out, "three", rp.FORMER_PRESET, s))["summary"] for s in args.seeds]
+    run_seconds = sum(run.get("_wall_seconds", 0.0) for run in runs)  # of the runs, resumed or not
     lines = [
         "## Three agents at once (`benchmarks/three_agents.py`)",
         "",
@@ -89,13 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "| agent | its pair | GSPO | preset, two agents | preset, three agents | three − GSPO | three − two |",
         "|---|---|---|---|---|---|---|",
     ]
-    for agent, pair in AGENTS.items():
-        gspo, two, three = (
-            _accuracies(args.out, p, m, args.seeds, agent, args.steps)
-            for p, m in ((pair, "GSPO"), (pair, rp.FORMER_PRESET), ("three", rp.FORMER_PRESET))
-        )
-        means = " | ".join(f"{statistics.mean(x):.3f}" for x in (gspo, two, three))
-        lines.append(f"| {agent} | {pair} | {means} | {_paired(three, gspo)} | {_paired(three, two)} |")
+    lines += rows(args.out, args.seeds, args.steps)
     write_section(args.results, "three_agents", lines + [""])
     print("\n".join(lines))
     return 0

@@ -4,6 +4,7 @@ import argparse
 import json
 import math
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -161,18 +162,15 @@ def test_finished_runs_are_reused_only_with_this_commands_horizon_and_learning_r
     import reproduce
 
     args = argparse.Namespace(steps=12, pair_steps={}, learning_rate=None)
-    _finished_run(tmp_path / "a", steps=24, rate=1e-4)  # 12 batches x 2 updates at the state recipe's 1e-4
-    reproduce.check_run_schedule(tmp_path / "a", "state", 2, args)
+    run = tmp_path / "state" / "a"
+    _finished_run(run, steps=24, rate=1e-4)  # 12 batches x 2 updates at the state recipe's 1e-4
+    reproduce.check_run_schedule(run, "state", 2, args)
     with pytest.raises(SystemExit, match=r"'optimizer steps': 24.*'optimizer steps': 32"):
-        reproduce.check_run_schedule(tmp_path / "a", "state", 2, argparse.Namespace(**{**vars(args), "steps": 16}))
+        reproduce.check_run_schedule(run, "state", 2, argparse.Namespace(**{**vars(args), "steps": 16}))
     with pytest.raises(SystemExit, match=r"'optimizer steps': 24.*'optimizer steps': 40"):
-        reproduce.check_run_schedule(
-            tmp_path / "a", "state", 2, argparse.Namespace(**{**vars(args), "pair_steps": {"state": 20}})
-        )
+        reproduce.check_run_schedule(run, "state", 2, argparse.Namespace(**{**vars(args), "pair_steps": {"state": 20}}))
     with pytest.raises(SystemExit, match=r"'learning rate': 0\.0001.*'learning rate': 0\.0003"):
-        reproduce.check_run_schedule(
-            tmp_path / "a", "state", 2, argparse.Namespace(**{**vars(args), "learning_rate": 3e-4})
-        )
+        reproduce.check_run_schedule(run, "state", 2, argparse.Namespace(**{**vars(args), "learning_rate": 3e-4}))
     assert reproduce.pair_learning_rate("size", args) == 5e-5  # the size pair's recipe rate (RESULTS.md rule 5)
     for bad in (["size"], ["sizes=3"], ["size=0"], ["size=x"]):
         with pytest.raises(SystemExit) as stop:
@@ -372,3 +370,142 @@ def test_carry_errors_counts_a_lost_carry_by_hand():
     assert writes_no_carry("7+5=12, 4+8+0=12, 3+6+1=10, so 1022")
     assert not writes_no_carry("7+5=12, 4+8+1=13, 3+6+1=10, so 1032")
     assert not writes_no_carry("5+7=12, 9+0+1=10, 6+8+1=15, so 1502")
+
+
+# what reproduce.py computes from the runs (the rest of a results.json comes from its command and the recipes)
+RUN_FIELDS = ("accuracy", "accuracy_before", "paired_vs_GSPO", "vs_before", "curve", "peer", "peer_ratio_median",
+              "accuracy_before_by_half", "accuracy_by_half", "vs_before_by_half", "paired_vs_GSPO_by_half")  # fmt: skip
+# its folder's runs of the model pair were made again after this screen (the full logs give the same difference)
+REMADE = {"benchmarks/screens/validation-48steps-b3-preset/results.json"}
+
+
+def _committed(pattern: str) -> list[str]:
+    listed = subprocess.run(["git", "ls-files", "-z", pattern], cwd=ROOT, capture_output=True, check=True).stdout
+    return [name for name in listed.decode().split("\0") if name and not name.startswith("benchmarks/runs/")]
+
+
+def _regenerated(reproduce, report: dict, out: Path) -> dict | None:
+    """A results.json's `settings` made again from the run records in ``out``, for its pairs, methods and seeds (None
+    when one of its runs is not recorded there: moved to another folder since)."""
+    steps = {p: e["steps"] for p, e in report["settings"].items() if e.get("steps", report["steps"]) != report["steps"]}
+    args = argparse.Namespace(out=out, split=report["split"], steps=report["steps"], pair_steps=steps,
+                              learning_rate=report["learning_rate"], seeds=report["seeds"])  # fmt: skip
+    results: dict = {}
+    for pair, entry in report["settings"].items():
+        for method, accuracies in entry["accuracy"][entry["agents"][0]].items():
+            for seed in entry["seeds"][: len(accuracies)]:
+                run = reproduce._runs.record(reproduce._folder(out, pair, method, seed))
+                if run is None:
+                    return None
+                results.setdefault(pair, {}).setdefault(method, {})[seed] = run["summary"]
+    rollouts = {m: per_prompt * reproduce.PROMPTS_PER_STEP for m, (_, per_prompt, _) in reproduce.METHODS.items()}
+    rollouts |= {m: 8 * reproduce.PROMPTS_PER_STEP for m in reproduce.ABLATIONS}
+    methods = {m: reproduce.METHODS.get(m) for m in report["methods"]}
+    return reproduce._report(results, args, methods, rollouts)["settings"]
+
+
+def _records_only(monkeypatch):
+    """The run folders' files (summaries, full logs) are not read: what follows must come from the records."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _runs
+
+    def unread(folder):
+        raise AssertionError(f"read the run folder {folder}, not its record")
+
+    monkeypatch.setattr(_runs, "from_folder", unread)
+
+
+def test_committed_results_regenerate_from_the_run_records(monkeypatch):
+    """Every committed results.json whose runs are recorded (`<out>/runs.jsonl.gz`) regenerates, field by field and
+    byte for byte, from the records alone: accuracies, curves, halves and the peer-ratio statistics of the logs."""
+    _records_only(monkeypatch)
+    import reproduce
+
+    checked, dump = 0, {"ensure_ascii": False, "indent": 2}
+    for name in _committed("benchmarks/*results*.json"):
+        report = json.loads((ROOT / name).read_text())
+        words = report.get("command", "").split()
+        out = ROOT / words[words.index("--out") + 1] if "--out" in words else None
+        if name in REMADE or out is None or not (out / reproduce._runs.RECORDS).exists():
+            continue
+        settings = _regenerated(reproduce, report, out)
+        if settings is None:
+            continue
+        for pair, entry in report["settings"].items():
+            for field in set(RUN_FIELDS) & set(entry):
+                regenerated, committed = json.dumps(settings[pair][field], **dump), json.dumps(entry[field], **dump)
+                assert regenerated == committed, (name, pair, field)
+        checked += 1
+    assert checked >= 52, checked
+
+
+def _section(path: Path, name: str) -> list[str]:
+    """A section of a RESULTS.md without its `Command:` line (machine and wall time vary)."""
+    text = path.read_text().split(f"<!-- {name} -->\n")[1]
+    return [line for line in text.splitlines() if not line.startswith("Command: ")]
+
+
+def _command(path: Path, name: str) -> list[str]:
+    line = next(x for x in path.read_text().split(f"<!-- {name} -->\n")[1].splitlines() if x.startswith("Command: "))
+    return shlex.split(line.split("`")[1])[2:]
+
+
+def test_committed_log_tables_regenerate_from_the_run_records(tmp_path, monkeypatch):
+    """The tables made from the training logs (RESULTS.md's first screen, taught prompts, the preset's open batches
+    at a longer horizon, the three-agent runs) regenerate byte for byte from the run records."""
+    _records_only(monkeypatch)
+    import preset_horizon
+    import summary
+    import taught_prompts
+    import three_agents
+
+    report = json.loads((ROOT / "benchmarks" / "results.json").read_text())
+    assert summary.lines_for(report) == _section(ROOT / "benchmarks" / "RESULTS.md", "summary")
+    pages = [ROOT / name for name in _committed("benchmarks/*RESULTS.md")]
+    taught = [page for page in pages if "<!-- taught_prompts -->" in page.read_text()]
+    assert len(taught) == 6
+    for page in taught:
+        argv = _command(page, "taught_prompts")
+        argv[argv.index("--results") + 1] = str(tmp_path / "taught.md")
+        taught_prompts.main(argv)
+        assert _section(tmp_path / "taught.md", "taught_prompts") == _section(page, "taught_prompts"), page
+    horizon = ROOT / "benchmarks" / "screens" / "validation-96steps-b3" / "RESULTS.md"
+    preset_horizon.main(["--results", str(tmp_path / "horizon.md")])
+    assert _section(tmp_path / "horizon.md", "preset_horizon") == _section(horizon, "preset_horizon")
+    three = ROOT / "benchmarks" / "three-agents" / "RESULTS.md"
+    rows = three_agents.rows(ROOT / "benchmarks" / "runs" / "test-48steps-b3", list(range(8)), 48)
+    assert len(rows) == 3 and all(row in _section(three, "three_agents") for row in rows)
+
+
+def test_a_run_record_keeps_what_the_tables_read_from_its_log(tmp_path):
+    """A finished run is recorded once, with its summary and the log's sharing decisions and peer-ratio means, and is
+    read back from the grid's records after its folder is gone; the records file is byte-stable."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import shutil
+
+    import _runs
+
+    log = [
+        {"step": 1, "learning_rate": 1e-4, "hacpo/peer_ratio_median": 0.5, "loss": 0.1},
+        {"step": 1, "hacpo/learns_from/b": 1.0, "hacpo/taught_prompts/b": 0.25, "hacpo/peer_rows": 12.0},
+        {"step": 2, "hacpo/peer_ratio_median": 1.0, "hacpo/peer_rows": 3.0},
+        {"step": 3, "hacpo/learns_from/b": 0.0, "hacpo/taught_prompts/b": 0.0},
+    ]
+    folder = tmp_path / "grid" / "state" / "HACPO-seed0"
+    (folder / "a").mkdir(parents=True)
+    (folder / "a" / "log_history.json").write_text(json.dumps(log))
+    (folder / "hacpo_summary.json").write_text(json.dumps({"a": {"curve": [[0, 0.5]]}, "_wall_seconds": 9.5}))
+    run = _runs.record(folder)
+    assert run["summary"]["_wall_seconds"] == 9.5 and run["logs"]["a"]["first_learning_rate"] == 1e-4
+    assert run["logs"]["a"]["peer_means"] == {"hacpo/peer_ratio_median": 0.75}
+    assert _runs.batches(run["logs"]["a"]) == [
+        {"hacpo/learns_from/b": 1.0, "hacpo/taught_prompts/b": 0.25, "hacpo/peer_rows": 12.0},
+        {"hacpo/learns_from/b": 0.0, "hacpo/taught_prompts/b": 0.0},
+    ]
+    records = tmp_path / "grid" / _runs.RECORDS
+    saved = records.read_bytes()
+    shutil.rmtree(folder)
+    _runs._loaded.clear()
+    assert _runs.record(folder) == run and _runs.record(folder.parent / "HACPO-seed1") is None
+    _runs.save(tmp_path / "grid", _runs.load(tmp_path / "grid"))
+    assert records.read_bytes() == saved

@@ -1,6 +1,7 @@
 """The documentation is current: links resolve, the generated parts match their generators, the README's first
 screen says what a user needs, `make demo` trains with the preset, and no file narrates the project's development."""
 
+import gzip
 import importlib.util
 import json
 import re
@@ -112,7 +113,8 @@ def test_results_first_screen_reads_its_runs_relative_to_the_checkout():
     report = json.loads((ROOT / "benchmarks" / "results.json").read_text())
     assert " --out benchmarks/runs/" in report["command"]
     elsewhere = {**report, "command": report["command"].replace(" --out ", " --out /elsewhere/checkout/")}
-    with pytest.raises(SystemExit, match=r"runs folder /elsewhere/checkout/benchmarks/runs/\S+ \(--out .*is not here"):
+    missing = r"no run records at /elsewhere/checkout/benchmarks/runs/\S+/runs\.jsonl\.gz \(the --out"
+    with pytest.raises(SystemExit, match=missing):
         summary.lines_for(elsewhere)
 
 
@@ -122,8 +124,9 @@ MACHINE_PATH = re.compile(rb"(?<![\w.~/-])/(work|tmp|root|home|Users)/")
 
 def test_no_tracked_file_holds_a_machine_path():
     """Records (commands, run folders, logs) hold paths relative to the repository root: an absolute path of the
-    machine that wrote them means nothing in another checkout. The training logs (`log_history.json`) are left out
-    of the scan: they hold only metric names and numbers, and reading their hundreds of MB takes a minute."""
+    machine that wrote them means nothing in another checkout; the run records are read decompressed. The training
+    logs (`log_history.json`) are left out of the scan: they hold only metric names and numbers, and reading their
+    hundreds of MB takes a minute."""
     for folder in (b"work", b"tmp", b"root", b"home"):
         assert MACHINE_PATH.search(b"--out /" + folder + b"/main/runs") and MACHINE_PATH.search(b"(/" + folder + b"/x)")
     assert not MACHINE_PATH.search(b"--out scratch/tmp/runs https://example.org/home/x ~/work/ benchmarks/runs/")
@@ -134,7 +137,8 @@ def test_no_tracked_file_holds_a_machine_path():
     for name in listed.decode().split("\0"):
         path = ROOT / name
         if name and not name.endswith("/log_history.json") and path.is_file():
-            hits += [f"{name}: {m.group().decode()}..." for m in MACHINE_PATH.finditer(path.read_bytes())][:1]
+            data = gzip.decompress(path.read_bytes()) if name.endswith(".gz") else path.read_bytes()
+            hits += [f"{name}: {m.group().decode()}..." for m in MACHINE_PATH.finditer(data)][:1]
     assert not hits, "absolute machine paths in tracked files (record them relative to the repository root):\n" + (
         "\n".join(hits[:20])
     )
