@@ -17,10 +17,15 @@ def test_an_agent_that_raises_stops_every_process_with_its_name(tmp_path, launch
     proc = launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "4", "--fail_reward", "1",
                   timeout=180, expect_ok=False)  # fmt: skip
     assert proc.returncode != 0
-    assert f"hacpo: {QWEN} failed: RuntimeError: reward exploded" in proc.stderr
+    failure = "RewardError: reward function 'has_digit' raised RuntimeError: reward exploded during training"
+    assert f"hacpo: {QWEN} failed: {failure}" in proc.stderr
     # the other agent names the failing one, whatever the load: the failing process leaves only once every other live
     # process has printed its failure (its exit is what makes the launcher stop them)
-    assert f"hacpo: {LLAMA} is stopping. Cause: {QWEN} failed: RuntimeError: reward exploded" in proc.stderr
+    assert f"hacpo: {LLAMA} is stopping. Cause: {QWEN} failed: {failure}" in proc.stderr
+    # the reward's one line (naming it, the phase and its arguments) is also the console's last, once
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"hacpo-train: error: {failure.split(': ', 1)[1]}; it was called with prompts: ")
+    assert proc.stderr.count("hacpo-train: error:") == 1
     assert not list(tmp_path.glob("summary-*.json"))
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "evaluate_with_vllm",
     "kv_cache_bytes",
     "load_for_eval",
+    "reward_arguments",
     "sequences_per_batch",
     "trained_task",
 ]
@@ -67,11 +68,68 @@ def _prompt_ids(tokenizer, row: dict, chat_template_kwargs: dict | None) -> list
     return list(tokenizer(row["prompt"])["input_ids"])
 
 
-def _score(reward_func: Callable, rows: list[dict], texts: list[str], k: int) -> torch.Tensor:
-    """Rewards of ``k`` completions per row (completions ordered row by row), shape (len(rows), k)."""
-    columns = {key: [r[key] for r in rows for _ in range(k)] for key in rows[0] if key != "prompt"}
-    rewards = reward_func(completions=texts, **columns)
-    return torch.tensor(rewards, dtype=torch.float).view(len(rows), k)
+def _ignore(*args, **kwargs) -> None:
+    """`log_extra` / `log_metric` of an evaluation: TRL's trainer logs them; held-out evaluation has no table."""
+
+
+_NOT_COLUMNS = ("prompt", "completion", "completion_ids")  # TRL passes every other column to the rewards
+
+
+def reward_arguments(rows: list[dict], completions: list, completion_ids: list[list[int]], k: int, trainer_state=None):
+    """What a reward function receives, as in training (TRL's `GRPOTrainer._calculate_rewards`): ``prompts``,
+    ``completions`` (TRL's format: message lists for a conversational dataset, strings for a plain one),
+    ``completion_ids``, every other dataset column as a list aligned with the completions (``k`` per row, row by
+    row), ``trainer_state`` (None outside training) and the ``log_extra`` / ``log_metric`` writers (no-ops here)."""
+    columns = {key: [r[key] for r in rows for _ in range(k)] for key in rows[0] if key not in _NOT_COLUMNS}
+    return {
+        "prompts": [r["prompt"] for r in rows for _ in range(k)],
+        "completions": completions,
+        "completion_ids": completion_ids,
+        **columns,
+        "trainer_state": trainer_state,
+        "log_extra": _ignore,
+        "log_metric": _ignore,
+    }
+
+
+def trl_completions(tokenizer, rows: list[dict], prompt_ids: list[list[int]], completion_ids: list[list[int]], k: int):
+    """Completions as TRL's `GRPOTrainer._generate` hands them to the rewards: for a conversational prompt
+    ``[{"role": "assistant", "content": text}]`` (parsed by the tokenizer's response template where it has one),
+    else the text; completions row by row, ``k`` per row, ``completion_ids`` up to and with the first EOS."""
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    if not rows or not isinstance(rows[0]["prompt"], list):
+        return texts
+    template = getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema", None)
+    if template is not None:
+        from trl.chat_template_utils import parse_response
+
+        prefixes = [prompt_ids[i] for i in range(len(rows)) for _ in range(k)]
+        return [[parse_response(tokenizer, ids, prefix=p)] for ids, p in zip(completion_ids, prefixes, strict=True)]
+    return [[{"role": "assistant", "content": text}] for text in texts]
+
+
+def _until_eos(ids: list[int], eos: int | None) -> list[int]:
+    """A generated row up to and with its first EOS (the padding after it dropped), as TRL keeps it."""
+    return ids[: ids.index(eos) + 1] if eos is not None and eos in ids else ids
+
+
+def _score(
+    reward_func: Callable,
+    rows: list[dict],
+    completions: list,
+    completion_ids: list[list[int]],
+    k: int,
+    phase: str = "evaluation",
+    trainer_state=None,
+) -> torch.Tensor:
+    """Rewards of ``k`` completions per row (completions ordered row by row), shape (len(rows), k). A reward of
+    None (not applicable) counts as wrong, as NaN does in training."""
+    from .rewards import call_reward
+
+    arguments = reward_arguments(rows, completions, completion_ids, k, trainer_state)
+    rewards = call_reward(reward_func, phase, **arguments)
+    values = [float("nan") if r is None else float(r) for r in rewards]
+    return torch.tensor(values, dtype=torch.float).view(len(rows), k)
 
 
 def _result(scores: torch.Tensor, groups: list[str] | None = None) -> EvalResult:
@@ -153,13 +211,16 @@ def evaluate_model(
     desc: str = "eval",
     memory_bytes: int | None = None,
     by: str | None = None,
+    phase: str = "evaluation",
+    trainer_state=None,
 ) -> EvalResult:
     """Score ``model`` on ``dataset`` (columns ``prompt`` and what ``reward_func`` needs, e.g. ``answer``).
 
     Each ``generate`` call runs at most ``batch_size`` problems x ``k`` samples, and on a GPU no more sequences than
     `sequences_per_batch` allows for the free memory (``memory_bytes`` stands in for it, e.g. in a CPU test).
     ``by``: a column of ``dataset`` (e.g. a task's ``half``) to report avg@k per value of, in ``by_group``; the
-    generations are the same with or without it."""
+    generations are the same with or without it. ``reward_func`` is called as in training (`reward_arguments`,
+    with ``trainer_state``); if it raises, a `RewardError` names it and ``phase``."""
     _check_sampling(k, temperature)
     rows = list(dataset)
     if by is not None and rows and by not in rows[0]:
@@ -175,7 +236,7 @@ def evaluate_model(
     if per_call < batch_size * k and progress:
         print(f"{desc}: generating {per_call} sequences at a time (KV cache bound; asked for {batch_size} x {k})")
     sequences = [(i, s) for i in range(len(rows)) for s in range(k)]
-    texts: list[str] = []
+    completion_ids: list[list[int]] = []
     for start in tqdm(range(0, len(sequences), per_call), disable=not progress, desc=desc):
         chunk = [prompts[i] for i, _ in sequences[start : start + per_call]]
         width = max(len(p) for p in chunk)
@@ -192,11 +253,13 @@ def evaluate_model(
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
         )
-        texts += tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+        completion_ids += [_until_eos(row, tokenizer.eos_token_id) for row in out[:, width:].tolist()]
     model.train(was_training)
     if not rows:
         return _result(torch.zeros(0, k))
-    return _result(_score(reward_func, rows, texts, k), None if by is None else [str(r[by]) for r in rows])
+    completions = trl_completions(tokenizer, rows, prompts, completion_ids, k)
+    scores = _score(reward_func, rows, completions, completion_ids, k, phase, trainer_state)
+    return _result(scores, None if by is None else [str(r[by]) for r in rows])
 
 
 def evaluate_with_vllm(
@@ -229,11 +292,11 @@ def evaluate_with_vllm(
         llm = LLM(model=adapter["base_model_name_or_path"], enable_lora=True, max_lora_rank=adapter["r"], **llm_kwargs)
         request["lora_request"] = LoRARequest("agent", 1, model_path)
     params = SamplingParams(n=k, temperature=max(temperature, 0.0), max_tokens=max_new_tokens)
-    outputs = llm.generate(
-        [{"prompt_token_ids": _prompt_ids(tokenizer, r, chat_template_kwargs)} for r in rows], params, **request
-    )
-    texts = [c.text for o in outputs for c in o.outputs]
-    return _result(_score(reward_func, rows, texts, k))
+    prompts = [_prompt_ids(tokenizer, r, chat_template_kwargs) for r in rows]
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, **request)
+    completion_ids = [list(c.token_ids) for o in outputs for c in o.outputs]
+    completions = trl_completions(tokenizer, rows, prompts, completion_ids, k)
+    return _result(_score(reward_func, rows, completions, completion_ids, k, "evaluation (hacpo-eval)"))
 
 
 def _lora_adapter(path: str) -> dict | None:
@@ -522,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
                     chat_template_kwargs=template_kwargs,
                     progress=True,
                     desc=f"{name} / {bench_name}",
+                    phase="evaluation (hacpo-eval)",
                     **sampling,
                 )
             results[name][bench_name] = result.as_dict()

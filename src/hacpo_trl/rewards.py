@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import importlib
+import inspect
 import os
 import re
 import traceback
@@ -20,10 +22,13 @@ from .retokenize import completion_text
 __all__ = [
     "REWARD_FUNCS",
     "TASK_REWARDS",
+    "RewardError",
     "arithmetic_exact_match",
     "arithmetic_trace_answer",
     "boxed_format",
+    "call_reward",
     "get_reward_funcs",
+    "guard_reward",
     "last_boxed",
     "math_verify_boxed",
     "no_reward_warning",
@@ -244,3 +249,91 @@ def no_reward_warning(step_rewards: dict[str, list[float]], reward_names: list[s
         f"reward functions {list(reward_names)}: no agent gets a learning signal from it. Check that the reward fits the "
         f"task's answers (the built-in tasks' own rewards: {own}) and that the agents solve some problems"
     )
+
+
+# ------------------------------------------------------------------------------ calling a reward function
+
+CONTRACT = "docs/training.md#reward-functions"
+
+
+class RewardError(RuntimeError):
+    """A reward function raised, or returned the wrong number of rewards. The message is one line naming the
+    function, the phase and the types of the arguments it received; the function's own exception is chained."""
+
+
+def reward_name(func) -> str:
+    """``module.function`` of a reward (the callable's class for a callable object, the function of a partial)."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    name = (getattr(func, "__qualname__", None) or type(func).__qualname__).rsplit("<locals>.", 1)[-1]
+    module = getattr(func, "__module__", None) or type(func).__module__
+    return f"{module}.{name}" if module and module != "__main__" else name
+
+
+def _type_name(value, depth: int = 0) -> str:
+    """``list[list[dict]]`` for a list of message lists: a container's type with its first element's, two deep."""
+    if isinstance(value, list | tuple) and depth < 2:
+        return f"{type(value).__name__}[{_type_name(value[0], depth + 1)}]" if value else type(value).__name__
+    return type(value).__name__
+
+
+def argument_types(kwargs: dict) -> str:
+    """``completions: list[list[dict]], answer: list[str], ...``: what a reward was called with."""
+    return ", ".join(f"{key}: {_type_name(value)}" for key, value in kwargs.items())
+
+
+def call_reward(func: Callable, phase: str, **kwargs) -> list:
+    """``func(**kwargs)``, or a `RewardError` naming it, ``phase`` and the argument types when it raises or does
+    not return one reward per completion."""
+    try:
+        rewards = func(**kwargs)
+    except Exception as exc:
+        raise _failure(func, phase, exc, kwargs) from exc
+    _check_count(func, phase, rewards, len(kwargs.get("completions", ())))
+    return rewards
+
+
+def _failure(func: Callable, phase: str, exc: Exception, kwargs: dict) -> RewardError:
+    text = " ".join(str(exc).split())
+    text = text if len(text) <= 300 else text[:297] + "..."
+    return RewardError(
+        f"reward function {reward_name(func)!r} raised {type(exc).__name__}: {text} during {phase}; it was called "
+        f"with {argument_types(kwargs)} (the contract: {CONTRACT})"
+    )
+
+
+def _check_count(func: Callable, phase: str, rewards, expected: int) -> None:
+    count = len(rewards) if hasattr(rewards, "__len__") and not isinstance(rewards, str | dict) else None
+    if count != expected:
+        got = f"{count} rewards" if count is not None else f"a {type(rewards).__name__}"
+        raise RewardError(
+            f"reward function {reward_name(func)!r} returned {got} during {phase}; it must return a list of "
+            f"{expected} floats (or None), one per completion (the contract: {CONTRACT})"
+        )
+
+
+def guard_reward(func: Callable, phase: str, hidden: tuple[str, ...] = ()) -> Callable:
+    """``func`` calling through `call_reward` (an async reward stays async), under the same name, without the
+    ``hidden`` keyword arguments (columns of the trainer's own)."""
+    inner = func
+    while isinstance(inner, functools.partial):
+        inner = inner.func
+    if inspect.iscoroutinefunction(inner) or inspect.iscoroutinefunction(type(inner).__call__):  # as TRL tells
+
+        @functools.wraps(func)
+        async def guarded_async(**kwargs):
+            kwargs = {k: v for k, v in kwargs.items() if k not in hidden}
+            try:
+                rewards = await func(**kwargs)
+            except Exception as exc:
+                raise _failure(func, phase, exc, kwargs) from exc
+            _check_count(func, phase, rewards, len(kwargs.get("completions", ())))
+            return rewards
+
+        return guarded_async
+
+    @functools.wraps(func)
+    def guarded(**kwargs):
+        return call_reward(func, phase, **{k: v for k, v in kwargs.items() if k not in hidden})
+
+    return guarded

@@ -73,15 +73,16 @@ class AgentTopology:
         index, start = agent_slot(self.process_counts, global_rank)
         return f"agent {self.agents[index]!r} (its rank {global_rank - start}, global rank {global_rank})"
 
-    def report_failure(self, message: str) -> None:
-        """Tell every other process why this one is stopping (best effort: the store may be gone)."""
+    def report_failure(self, message: str) -> bool:
+        """Tell every other process why this one is stopping (best effort: the store may be gone); whether this is
+        the launch's first failure (True without a store)."""
         if self.store is None:
-            return
+            return True
         try:
             self.store.set(f"failed/{self.global_rank}", f"{self.describe_rank(self.global_rank)} failed: {message}")
-            self.store.add("failures", 1)  # what the other processes' watchers poll
+            return self.store.add("failures", 1) == 1  # what the other processes' watchers poll
         except Exception:  # noqa: BLE001 - nothing more can be done while failing
-            pass
+            return False
 
     def wait_until_announced(self, wait_seconds: float = ANNOUNCE_SECONDS) -> None:
         """After :meth:`report_failure`: wait (at most ``wait_seconds``) until every other process that has not
@@ -438,9 +439,15 @@ def _report_uncaught_exceptions() -> None:
 
     def hook(kind, value, traceback):
         if _TOPOLOGY is not None and not issubclass(kind, KeyboardInterrupt):
-            _TOPOLOGY.report_failure(f"{kind.__name__}: {value}")
+            first = _TOPOLOGY.report_failure(f"{kind.__name__}: {value}")
             me = _TOPOLOGY.describe_rank(_TOPOLOGY.global_rank)
             print(f"hacpo: {me} failed: {kind.__name__}: {value}", file=sys.stderr, flush=True)
+            from .rewards import RewardError
+
+            if first and issubclass(kind, RewardError):  # a line of its own: also the console's last, once
+                from .bootstrap import repeat_after_launcher
+
+                repeat_after_launcher(f"hacpo-train: error: {value}")
             _TOPOLOGY.wait_until_announced()
         previous(kind, value, traceback)
 

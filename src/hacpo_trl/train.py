@@ -36,8 +36,9 @@ __all__ = ["HACPOScriptArguments", "RecipeError", "check_recipe", "load_recipe",
 # ------------------------------------------------------------------------------------------------ the run
 
 
-def _evaluate(trainer, test, script_args, by_half: bool = False):
-    """Held-out accuracy, reported by the agent's rank 0 (None elsewhere); with ``by_half``, (accuracy, accuracy per
+def _evaluate(trainer, test, script_args, by_half: bool = False, when: str = ""):
+    """Held-out accuracy, reported by the agent's rank 0 (None elsewhere); ``when`` (e.g. "before training") names
+    the phase in a reward's error (rewards are called as in training); with ``by_half``, (accuracy, accuracy per
     half) for a task whose rows name their half (`hacpo_trl.tasks.HALVES`; None per half for any other task), from
     the same completions. Under FSDP or ZeRO-3 every forward is a collective over the agent's ranks, so all of them
     generate (the same prompts, in calls sized alike by the least free memory among them) or rank 0 would wait
@@ -62,6 +63,8 @@ def _evaluate(trainer, test, script_args, by_half: bool = False):
         chat_template_kwargs=trainer.args.chat_template_kwargs,
         memory_bytes=least_free_bytes(trainer.accelerator) if collective else None,  # the same calls on every rank
         by="half" if halves else None,
+        phase=f"held-out evaluation {when}".strip(),
+        trainer_state=getattr(trainer, "state", None),
     )
     if trainer.accelerator.process_index != 0:
         return nothing
@@ -256,7 +259,7 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
     model_path = resolve_model(spec.model_name_or_path)
     train, test = task_datasets(script_args)
     trainer = HACPOTrainer(model=model_path, reward_funcs=reward_funcs, args=config, train_dataset=train)
-    before, before_by_half = _evaluate(trainer, test, script_args, by_half=True)
+    before, before_by_half = _evaluate(trainer, test, script_args, by_half=True, when="before training")
     curve = [] if before is None else [(0, before)]
     if before is not None:
         print(f"[{trainer.agent}] held-out accuracy before training: {before:.3f}", flush=True)
@@ -265,7 +268,7 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
         def on_step_end(self, args, state, control, **kwargs):
             every = script_args.eval_every
             if every and state.global_step % every == 0 and state.global_step < state.max_steps:
-                accuracy = _evaluate(trainer, test, script_args)
+                accuracy = _evaluate(trainer, test, script_args, when=f"at step {state.global_step}")
                 if accuracy is not None:
                     curve.append((state.global_step, accuracy))
 
@@ -273,7 +276,7 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
     install(trainer, global_rank)
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     trainer.save_model()
-    after, after_by_half = _evaluate(trainer, test, script_args, by_half=True)
+    after, after_by_half = _evaluate(trainer, test, script_args, by_half=True, when="after training")
     if after is not None:
         curve.append((trainer.state.global_step, after))
         print(f"[{trainer.agent}] held-out accuracy after training:  {after:.3f}", flush=True)

@@ -24,7 +24,7 @@ from .config import HACPOConfig
 from .exchange import PROMPT_ID_COLUMN, RolloutBatch
 from .model_card import PAPER, complete_card, hub_base_model
 from .retokenize import completion_text
-from .rewards import no_reward_warning
+from .rewards import guard_reward, no_reward_warning
 from .sharing import PeerDecision, decide
 from .topology import at_exit, current_topology
 from .vllm_seed import use_agent_engine_seeds
@@ -66,6 +66,11 @@ class HACPOTrainer(GRPOTrainer):
         train_dataset, eval_dataset = exchange.with_prompt_ids(train_dataset), exchange.with_prompt_ids(eval_dataset)
         kwargs.update(train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=processing_class)
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, peft_config=peft_config, **kwargs)
+        # rewards get the dataset's columns, as in held-out evaluation; one that raises is named in one line
+        self.reward_funcs = [
+            f if isinstance(f, torch.nn.Module) else guard_reward(f, "training", hidden=(PROMPT_ID_COLUMN,))
+            for f in self.reward_funcs
+        ]
         self.agent, self.agent_names = args.agent_spec.name, [s.name for s in args.specs]
         if args.share_rollouts and self.aux_loss_enabled:
             raise ValueError(loading.moe_loss_message(self.agent, type(self.model).__name__, self.router_aux_loss_coef))
