@@ -77,7 +77,10 @@ def test_push_to_hub_needs_a_repo_per_agent(tmp_path):
 
 
 def test_num_generations_must_divide_the_batch(tmp_path):
-    with pytest.raises(ValueError, match="divisible by num_generations"):
+    with pytest.raises(
+        ValueError,
+        match=r"generation_batch_size 4 \(.*\) must be a multiple of num_generations 3.*use num_generations 2 or 4",
+    ):
         HACPOConfig(output_dir=str(tmp_path), num_generations=3, per_device_train_batch_size=4, **COMMON)
 
 

@@ -12,7 +12,7 @@ from trl import GRPOConfig
 from .algorithm import PEER_LAYOUTS, CapabilityTracker, HACPOLossConfig
 from .placement import launch_engine, share_gpus
 from .resolve import AgentSpec, ResolvedAgent, ResolvedRecipe, agent_output_dir, resolve
-from .schedule import ends_inside_batch, solo_fits, update_schedule_problem
+from .schedule import ends_inside_batch, generation_groups_problem, solo_fits, update_schedule_problem
 from .sharing import RUN_WIDE_SETTINGS, SharingSettings, parse_learn_from
 from .topology import AgentTopology, init_agent_worlds
 
@@ -497,7 +497,16 @@ class HACPOConfig(GRPOConfig):
                 "`skip_empty_updates` does not work with DeepSpeed: its optimizer step runs inside the backward call, "
                 "before HACPO knows whether the update had a row with a gradient; set it false or train with DDP / FSDP"
             )
-        super().__post_init__()
+        try:
+            super().__post_init__()
+        except ValueError:  # TRL's check that the batch holds whole prompt groups, told with the values that fit
+            steps = self.steps_per_generation  # None when TRL stopped before deriving it: another problem
+            groups = steps and generation_groups_problem(
+                self.per_device_train_batch_size, self.world_size, steps, self.num_generations
+            )
+            if groups:
+                raise ValueError(groups) from None
+            raise
         if self.share_rollouts:
             self._reject_settings_hacpo_ignores()
         if len(specs) > 1:

@@ -253,6 +253,35 @@ def _stages(name: str) -> list[tuple[str, DemoAgent]]:
     return (_stages(spec.after) if spec.after else []) + [(name, spec)]
 
 
+PROGRESS_SECONDS = 30.0  # a build's progress line at most this often (a build takes minutes: never silent)
+
+
+class BuildProgress:
+    """Prints where a build stands (steps, accuracy against the band, time so far) at most every ``every``
+    seconds of ``clock``, so that a build of several minutes is never silent."""
+
+    def __init__(self, name: str, spec: DemoAgent, every: float = PROGRESS_SECONDS, clock=time.monotonic, out=None):
+        self.name, self.spec, self.every, self.clock, self.out = name, spec, every, clock, out
+        self.start = self.last = clock()
+
+    def update(self, steps: int, accuracy: float) -> None:
+        now = self.clock()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        low, high = self.spec.band
+        print(
+            f"hacpo: building {self.name!r}: step {steps} (cap {self.spec.max_steps}), {self.spec.measure} accuracy "
+            f"{accuracy:.3f}, band [{low}, {high}], {_minutes(now - self.start)} so far",
+            file=self.out or sys.stderr,
+            flush=True,
+        )
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
 def _warm_start(model, tok, stages: list[tuple[str, DemoAgent]]) -> list[dict]:
     """Warm-start through each stage until validation accuracy, checked every ``CHECK_EVERY`` steps, first lies in
     the stage's band; returns one record per stage.
@@ -265,8 +294,12 @@ def _warm_start(model, tok, stages: list[tuple[str, DemoAgent]]) -> list[dict]:
     for name, spec in stages:
         low, high = spec.band
         print(
-            f"hacpo: building {name!r}: warm-start until {spec.measure} accuracy is in [{low}, {high}]", file=sys.stderr
+            f"hacpo: building {name!r}: warm-start until {spec.measure} accuracy is in [{low}, {high}] (a few minutes; "
+            f"built once, then cached)",
+            file=sys.stderr,
+            flush=True,
         )
+        progress = BuildProgress(name, spec)
         stride, accuracy, refined = CHECK_EVERY, run.accuracy(spec.measure), False
         saved, previous = None, accuracy
         while not low <= accuracy <= high:
@@ -284,6 +317,7 @@ def _warm_start(model, tok, stages: list[tuple[str, DemoAgent]]) -> list[dict]:
             saved, previous = run.snapshot(), accuracy
             run.train(min(stride, spec.max_steps - run.steps))
             accuracy = run.accuracy(spec.measure)
+            progress.update(run.steps, accuracy)
         print(f"hacpo: built {name!r} in {run.steps} steps: {spec.measure} accuracy {accuracy:.3f}", file=sys.stderr)
         record = {"agent": name, "steps": run.steps, "validation_accuracy": round(accuracy, 4), "band": [low, high]}
         record |= {"measure": spec.measure, "refined": refined}

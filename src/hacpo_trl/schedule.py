@@ -10,6 +10,7 @@ predicates, so they cannot drift.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ __all__ = [
     "batches_seen",
     "current_update",
     "ends_inside_batch",
+    "generation_groups_problem",
     "own_rows_chunk",
     "plan_batch",
     "self_on_policy",
@@ -105,6 +107,34 @@ def update_schedule_problem(
         "update index. Make steps_per_generation x num_iterations a multiple of gradient_accumulation_steps "
         f"(e.g. steps_per_generation = {ga * max(1, round(steps_per_generation / ga))})."
     )
+
+
+def generation_groups_problem(
+    per_device_train_batch_size: int, processes: int, steps_per_generation: int, num_generations: int
+) -> str | None:
+    """Why a generation batch cannot hold whole prompt groups (None when it can), with the values that would fit:
+    the ``num_generations`` nearest the asked one that divide the batch, and the nearest micro-batch sizes whose
+    batch ``num_generations`` divides."""
+    per_device, g = per_device_train_batch_size, num_generations
+    batch = per_device * processes * steps_per_generation
+    if g < 1 or batch % g == 0:
+        return None
+    divisors = [d for d in range(2, batch + 1) if batch % d == 0]
+    fits = sorted(sorted(divisors, key=lambda d: (abs(d - g), d))[:6])
+    unit = g // math.gcd(g, processes * steps_per_generation)  # the micro-batch must be a multiple of it
+    sizes = sorted({m for m in ((per_device // unit) * unit, (per_device // unit + 1) * unit) if m >= 1})
+    batches = [m * processes * steps_per_generation for m in sizes]
+    fixes = [f"num_generations {_either(fits)}"] if fits else []
+    fixes.append(f"per_device_train_batch_size {_either(sizes)} (generation_batch_size {_either(batches)})")
+    return (
+        f"generation_batch_size {batch} (per_device_train_batch_size {per_device} x {processes} process(es) x "
+        f"steps_per_generation {steps_per_generation}) must be a multiple of num_generations {g}, so that every "
+        f"prompt's completions fall in one batch: use {', or '.join(fixes)}"
+    )
+
+
+def _either(values: list[int]) -> str:
+    return " or ".join([", ".join(map(str, values[:-1])), str(values[-1])]) if len(values) > 1 else str(values[0])
 
 
 def ends_inside_batch(

@@ -1,0 +1,49 @@
+"""What a newcomer meets on the first day: an error that says which values would fit, a build that shows it is
+alive, a plan that says what to change."""
+
+import io
+
+import pytest
+
+from hacpo_trl import HACPOConfig
+from hacpo_trl.schedule import generation_groups_problem
+
+COMMON = dict(use_cpu=True, bf16=False, report_to="none")
+
+
+def test_a_batch_that_splits_prompt_groups_names_the_values_that_fit(tmp_path):
+    """TRL says only that 64 is not divisible by 12; the error names where 64 comes from and what would fit."""
+    with pytest.raises(ValueError) as caught:
+        HACPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=32, steps_per_generation=2,
+                    num_generations=12, **COMMON)  # fmt: skip
+    assert str(caught.value) == (
+        "generation_batch_size 64 (per_device_train_batch_size 32 x 1 process(es) x steps_per_generation 2) must be "
+        "a multiple of num_generations 12, so that every prompt's completions fall in one batch: use num_generations "
+        "2, 4, 8, 16, 32 or 64, or per_device_train_batch_size 30 or 36 (generation_batch_size 60 or 72)"
+    )
+    assert generation_groups_problem(32, 1, 2, 8) is None
+    # every value it offers fits
+    assert generation_groups_problem(8, 2, 4, 3).endswith(
+        "use num_generations 2, 4, 8, 16, 32 or 64, or per_device_train_batch_size 6 or 9 (generation_batch_size 48 "
+        "or 72)"
+    )
+    for per_device in (6, 9):
+        assert generation_groups_problem(per_device, 2, 4, 3) is None
+    # a batch of one prompt's worth: only a larger micro-batch fits
+    assert generation_groups_problem(1, 1, 1, 3).endswith("use per_device_train_batch_size 3 (generation_batch_size 3)")
+
+
+def test_a_build_says_where_it_stands_at_most_every_30_seconds():
+    from hacpo_trl.demo import BUILTIN_AGENTS, BuildProgress
+
+    now = [0.0]
+    out = io.StringIO()
+    progress = BuildProgress("trace-large", BUILTIN_AGENTS["trace-large"], clock=lambda: now[0], out=out)
+    for step, seconds in ((10, 12.0), (20, 29.0), (30, 31.0), (40, 45.0), (50, 61.5), (60, 125.0)):
+        now[0] = seconds
+        progress.update(step, step / 200)
+    assert out.getvalue().splitlines() == [
+        "hacpo: building 'trace-large': step 30 (cap 3000), sampled accuracy 0.150, band [0.2, 0.3], 0m31s so far",
+        "hacpo: building 'trace-large': step 50 (cap 3000), sampled accuracy 0.250, band [0.2, 0.3], 1m01s so far",
+        "hacpo: building 'trace-large': step 60 (cap 3000), sampled accuracy 0.300, band [0.2, 0.3], 2m05s so far",
+    ]
