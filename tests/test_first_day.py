@@ -47,3 +47,42 @@ def test_a_build_says_where_it_stands_at_most_every_30_seconds():
         "hacpo: building 'trace-large': step 50 (cap 3000), sampled accuracy 0.250, band [0.2, 0.3], 1m01s so far",
         "hacpo: building 'trace-large': step 60 (cap 3000), sampled accuracy 0.300, band [0.2, 0.3], 2m05s so far",
     ]
+
+
+PRESET = ["--peer_filter", "correct", "--peer_prompts", "failed", "--taught_ratio_floor", "0.2", "--taught_schedule",
+          "solo", "--taught_scale", "0.25", "--band_gate", "true", "--solo_steps_per_generation", "2"]  # fmt: skip
+
+
+def _one_gpu_math_plan(*flags: str):
+    from pathlib import Path
+
+    from hacpo_trl.plan_cli import build_plan
+    from hacpo_trl.recipe import load_recipe
+
+    root = Path(__file__).resolve().parents[1]
+    args = ["--task", "math", "--reward_funcs", "math_verify", *PRESET, *flags]
+    recipe = load_recipe(str(root / "recipes" / "one_gpu_qwen3_shapes.yaml"), args)
+    return build_plan(recipe, str(root / "accelerate_configs" / "one_gpu_2agents.yaml"), 79.2, 7500, 1)
+
+
+def test_a_plan_that_does_not_fit_says_the_nearest_change_of_each_kind_that_fits():
+    """The one-GPU shapes pair on `task: math` with the preset needs more than an 80 GB GPU; `--plan` says which
+    micro-batch, completion length or placement fits, and each of them, planned on its own, does."""
+    from hacpo_trl.plan import format_plan
+
+    plan = _one_gpu_math_plan()
+    assert not plan.ok and len(plan.fixes) == 3
+    batch, length, placement = plan.fixes
+    assert batch.startswith(
+        "per_device_train_batch_size 16 -> 8, steps_per_generation 4 -> 8, gradient_accumulation_steps 1 -> 2, "
+        "solo_steps_per_generation 2 -> 4 (the same generation batch and updates, smaller forward passes): "
+    )
+    assert length.startswith("max_completion_length 512 -> 320: ")
+    assert placement.startswith("a GPU per process (share_gpus: false, 2 GPUs): ")
+    assert format_plan(plan).splitlines()[-3:] == [f"plan: to fit, {f}" for f in plan.fixes]
+    smaller = ["--per_device_train_batch_size", "8", "--steps_per_generation", "8", "--gradient_accumulation_steps",
+               "2", "--solo_steps_per_generation", "4"]  # fmt: skip
+    for flags in (smaller, ["--max_completion_length", "320"], ["--share_gpus", "false"]):
+        fitted = _one_gpu_math_plan(*flags)
+        assert fitted.ok and fitted.fixes == [], (flags, fitted.problems)
+    assert not _one_gpu_math_plan("--max_completion_length", "384").ok  # 320 is the nearest that fits (by 64s)

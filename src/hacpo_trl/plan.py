@@ -277,6 +277,7 @@ class Plan:
     schedule: dict[str, object]
     problems: list[str]
     notes: list[str]
+    fixes: list[str] = field(default_factory=list)  # what would make a plan that does not fit memory fit (`fixes`)
 
     @property
     def ok(self) -> bool:
@@ -894,4 +895,95 @@ def format_plan(plan: Plan) -> str:
         lines.append("plan: OK (an estimate; see the README for what it does not check)")
     else:
         lines.extend(f"plan: PROBLEM: {p}" for p in plan.problems)
+        lines.extend(f"plan: to fit, {f}" for f in plan.fixes)
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ what to change when it does not fit
+
+
+def device_loads(plan: Plan) -> dict[str, float]:
+    """GiB each device holds at its peak: one rank's peak, or the sum of the ranks sharing it (``share_gpus``)."""
+    loads: dict[str, float] = {}
+    for a in plan.agents:
+        for device in a.devices:
+            loads[device] = loads.get(device, 0.0) + a.peak_gib
+    return loads
+
+
+def _fits(plan: Plan) -> bool:
+    return plan.device_gib is None or all(v <= plan.device_gib for v in device_loads(plan).values())
+
+
+def _agents_as_list(recipe: dict) -> list[dict]:
+    agents = recipe.get("agents") or []
+    if isinstance(agents, dict):
+        return [{"name": name, **(spec or {})} for name, spec in agents.items()]
+    return [dict(a) for a in agents]
+
+
+def fixes(recipe: dict, plan: Plan, replan) -> list[str]:
+    """For a plan whose devices do not hold their ranks' peaks: the nearest change of each kind that fits, each
+    planned again with ``replan(recipe)`` and kept only if it fits and adds no problem: a smaller micro-batch (the
+    same generation batch and optimizer updates, in more forward passes), a shorter ``max_completion_length``,
+    LoRA for agents trained in full, a GPU per process instead of ``share_gpus``."""
+    if _fits(plan):
+        return []
+    known = set(plan.problems)
+
+    def tried(changed: dict) -> Plan | None:
+        try:
+            candidate = replan({**recipe, **changed})
+        except (ValueError, KeyError, TypeError, ZeroDivisionError):
+            return None
+        return candidate if _fits(candidate) and set(candidate.problems) <= known else None
+
+    def peak(candidate: Plan) -> str:
+        return f"{max(device_loads(candidate).values()):.1f} of {candidate.device_gib:.1f} GiB on the fullest GPU"
+
+    out = []
+    b = plan.agents[0].batch
+    per_device, steps, ga = (
+        b["per_device_train_batch_size"],
+        b["steps_per_generation"],
+        b["gradient_accumulation_steps"],
+    )
+    solo = recipe.get("solo_steps_per_generation")
+    factor = 2
+    while per_device % factor == 0:
+        olds = {
+            "per_device_train_batch_size": per_device,
+            "steps_per_generation": steps,
+            "gradient_accumulation_steps": ga,
+        }
+        news = {"per_device_train_batch_size": per_device // factor, "steps_per_generation": steps * factor,
+                "gradient_accumulation_steps": ga * factor}  # fmt: skip
+        if solo:
+            olds["solo_steps_per_generation"], news["solo_steps_per_generation"] = int(solo), int(solo) * factor
+        if (candidate := tried(news)) is not None:
+            said = ", ".join(f"{k} {olds[k]} -> {v}" for k, v in news.items())
+            out.append(f"{said} (the same generation batch and updates, smaller forward passes): {peak(candidate)}")
+            break
+        factor *= 2
+    length = int(recipe.get("max_completion_length", 512))
+    step = 64 if length <= 2048 else 256
+    for shorter in range((length - 1) // step * step, 0, -step):
+        changed = {"max_completion_length": shorter}
+        if recipe.get("vllm_max_model_length"):
+            changed["vllm_max_model_length"] = int(recipe["vllm_max_model_length"]) - (length - shorter)
+        if (candidate := tried(changed)) is not None:
+            out.append(f"max_completion_length {length} -> {shorter}: {peak(candidate)}")
+            break
+    agents = _agents_as_list(recipe)
+    full = [a["name"] for a in agents if a.get("lora") is None]
+    if full:
+        lora = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
+        changed = {"agents": [{**a, "lora": lora} if a["name"] in full else a for a in agents]}
+        if (candidate := tried(changed)) is not None:
+            out.append(f"LoRA for {', '.join(map(repr, full))} (lora: {{r: 16, target_modules: all-linear}}): "
+                       f"{peak(candidate)}")  # fmt: skip
+    if recipe.get("share_gpus"):
+        if (candidate := tried({"share_gpus": False})) is not None:
+            count = sum(len(a.ranks) for a in plan.agents)
+            out.append(f"a GPU per process (share_gpus: false, {count} GPUs): {peak(candidate)}")
+    return out

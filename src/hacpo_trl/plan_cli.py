@@ -20,6 +20,7 @@ from .plan import (
     DEVICE_GIB,
     Launch,
     ModelDims,
+    fixes,
     format_plan,
     launch_from_accelerate,
     launch_from_env,
@@ -203,16 +204,21 @@ def build_plan(
     dims = {s.name: ModelDims.from_config(model_config(s.model_name_or_path)) for s in specs}
     rows = dataset_rows if dataset_rows is not None else _dataset_rows(recipe)
     prompts, notes = prompt_tokens(recipe, specs)
-    plan = make_plan(
-        {**_defaults(), **recipe},
-        dims,
-        launch,
-        gpu_memory_gib,
-        rows,
-        _trl_fuses_lm_head(),
-        prompt_tokens=prompts,
-        expandable_segments=allocator_expandable(recipe, environ),
-    )
+
+    def replan(changed: dict):
+        return make_plan(
+            changed,
+            dims,
+            launch,
+            gpu_memory_gib,
+            rows,
+            _trl_fuses_lm_head(),
+            prompt_tokens=prompts,
+            expandable_segments=allocator_expandable(recipe, environ),
+        )
+
+    plan = replan({**_defaults(), **recipe})
+    plan.fixes = fixes({**_defaults(), **recipe}, plan, replan)
     plan.notes.extend(notes)
     if assumed:
         plan.notes.append("share_gpus: the plan assumes one GPU per node (no GPU here); pass --gpus_per_node N")
