@@ -217,7 +217,8 @@ def test_vllm_eval_of_a_lora_agent_serves_the_base_with_the_adapter(tmp_path, mo
 
         def generate(self, prompts, params, **kwargs):
             generated.append(kwargs)
-            return [SimpleNamespace(outputs=[SimpleNamespace(text=t)]) for t in answers]
+            tok = char_tokenizer()  # vLLM's outputs carry their token ids, which TRL decodes (and so does the eval)
+            return [SimpleNamespace(outputs=[SimpleNamespace(text=t, token_ids=tok.encode(t))]) for t in answers]
 
     class LoRARequest:
         def __init__(self, name, lora_id, path):

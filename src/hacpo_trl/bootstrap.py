@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
+from .last_line import repeat_after_launcher
 from .recipe import HACPOScriptArguments, RecipeError
 
 __all__ = ["filter_library_warnings", "parse_args", "place", "refuse", "task_datasets"]
@@ -75,42 +76,6 @@ def refuse(exc: Exception, prog: str = "hacpo-train", environ=os.environ) -> int
     print(line, file=sys.stderr, flush=True)
     repeat_after_launcher(line, environ)
     return 2
-
-
-# Run by `repeat_after_launcher` in a process of its own: wait until the launcher has exited (its pidfd becomes
-# readable), at most argv[2] seconds, then print argv[3]. No imports beyond the standard library's `select`.
-_REPEAT = """import select, sys
-if select.select([int(sys.argv[1])], [], [], float(sys.argv[2]))[0]:
-    sys.stderr.write(sys.argv[3] + "\\n")
-"""
-
-
-def repeat_after_launcher(line: str, environ=os.environ, wait_seconds: float = 300.0) -> None:
-    """Under a torch elastic launcher (``accelerate launch``, ``torchrun``), print ``line`` once more after the
-    launcher has exited: it follows a failed process with a ~40-line traceback that would otherwise bury the one
-    useful line. A detached process (its own session, so the launcher's stop of this process's group spares it)
-    waits on the launcher, this process's parent, and writes to the same stderr. Linux only (pidfd); elsewhere,
-    and outside a launcher, the line is printed once, before the traceback."""
-    if "TORCHELASTIC_RUN_ID" not in environ:
-        return
-    import subprocess
-
-    try:
-        launcher = os.pidfd_open(os.getppid())
-    except (AttributeError, OSError):
-        return
-    try:
-        subprocess.Popen(
-            [sys.executable, "-S", "-c", _REPEAT, str(launcher), str(wait_seconds), line],
-            pass_fds=(launcher,),
-            start_new_session=True,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-        )
-    except OSError:
-        pass  # the line was printed once already
-    finally:
-        os.close(launcher)
 
 
 def parse_args(parser, argv: list[str]):

@@ -445,7 +445,7 @@ def _report_uncaught_exceptions() -> None:
             from .rewards import RewardError
 
             if first and issubclass(kind, RewardError):  # a line of its own: also the console's last, once
-                from .bootstrap import repeat_after_launcher
+                from .last_line import repeat_after_launcher
 
                 repeat_after_launcher(f"hacpo-train: error: {value}")
             _TOPOLOGY.wait_until_announced()
