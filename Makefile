@@ -73,7 +73,8 @@ $(BIN)/activate:
 test:
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile --durations 15
 
-# The tests that start no other process (`-m "not launch"`, see tests/conftest.py): about 2 minutes on 2 shared cores.
+# The tests that start no other process (`-m "not launch"`, see tests/conftest.py): 9-10 minutes on 2 cores busy
+# with other work (load average 6-9), less on idle ones.
 # One worker: two gained a tenth while the cores were otherwise free and lost time while other work kept them busy.
 test-fast:
 	$(BIN)/python -m pytest tests -m "not launch"

@@ -86,3 +86,18 @@ def test_a_plan_that_does_not_fit_says_the_nearest_change_of_each_kind_that_fits
         fitted = _one_gpu_math_plan(*flags)
         assert fitted.ok and fitted.fixes == [], (flags, fitted.problems)
     assert not _one_gpu_math_plan("--max_completion_length", "384").ok  # 320 is the nearest that fits (by 64s)
+
+
+def test_readme_and_makefile_state_the_same_time_for_make_test_fast():
+    """The README said ~3 min and the Makefile about 2 minutes for one target: they name one range, with the load."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = " ".join((root / "README.md").read_text().replace("#", " ").split())
+    makefile = " ".join((root / "Makefile").read_text().replace("#", " ").split())
+    said = re.search(
+        r"make test-fast: no launches, (\d+)[–-](\d+) min on 2 cores .*?\(load average (\d+)[–-](\d+)\)", readme
+    )
+    made = re.search(r'`-m "not launch"`.*?: (\d+)-(\d+) minutes on 2 cores .*?\(load average (\d+)-(\d+)\)', makefile)
+    assert said and made and said.groups() == made.groups()
