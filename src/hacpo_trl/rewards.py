@@ -2,7 +2,8 @@
 
 Every reward follows TRL's reward-function protocol: ``f(completions, **columns) -> list[float | None]``, where
 ``completions`` are strings or conversational ``[{"role": "assistant", "content": ...}]`` lists and the dataset's
-other columns (e.g. ``answer``) arrive as keyword lists aligned with the completions.
+other columns (e.g. ``answer``) arrive as keyword lists aligned with the completions. Held-out evaluation calls a
+reward with the same arguments (`hacpo_trl.evaluate.reward_arguments`; docs/training.md#reward-functions).
 """
 
 from __future__ import annotations
