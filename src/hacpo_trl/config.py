@@ -11,6 +11,7 @@ from trl import GRPOConfig
 
 from .algorithm import PEER_LAYOUTS, CapabilityTracker, HACPOLossConfig
 from .placement import launch_engine, share_gpus
+from .presets import PRESET_SETTINGS, expand_sharing
 from .resolve import AgentSpec, ResolvedAgent, ResolvedRecipe, agent_output_dir, resolve
 from .schedule import ends_inside_batch, generation_groups_problem, solo_fits, update_schedule_problem
 from .sharing import RUN_WIDE_SETTINGS, SharingSettings, parse_learn_from
@@ -104,6 +105,17 @@ class HACPOConfig(GRPOConfig):
 
         > Collaboration
 
+        sharing (`str`, *optional*, defaults to `"paper"`):
+            A named sharing mode, expanded (:mod:`hacpo_trl.presets`) into the settings below that the recipe leaves
+            out; a setting given beside it wins. `"paper"`: the paper's rule (every peer row, in the band; each
+            setting's default). `"recommended"`: `peer_filter: correct`, `peer_prompts: failed`,
+            `taught_ratio_floor: 0.2`, `taught_schedule: solo`, `taught_scale: 0.25`, `band_gate: true`; every
+            batch is cut as GSPO cuts the recipe's (no update skipped), taught rows joining its updates, so a GSPO
+            recipe plus this line makes GSPO's optimizer steps. `"none"`: `share_rollouts: false` (GSPO).
+            `"failed_prompts"`: the previous preset (`recommended` with `taught_scale: 1`); `"confident_gate"`: the
+            former one (`peer_filter: correct`, `capability_gate: 1`, `capability_gate_confidence: 0.95`,
+            `band_gate: true`; an open peer takes the paper's schedule). `--plan`, `hacpo-probe`, the model card
+            and `hacpo_summary.json` name the mode and its settings. The run's, not per agent.
         share_rollouts (`bool`, *optional*, defaults to `True`):
             Share completions between agents. `False` trains every agent independently with TRL's own loss (so
             `loss_type` / `importance_sampling_level` pick GRPO, GSPO, ...: the paper's baselines) while keeping the
@@ -332,47 +344,51 @@ class HACPOConfig(GRPOConfig):
     )
     agent_name: str | None = field(default=None, metadata={"help": "Set automatically: this process's agent."})
 
-    share_rollouts: bool = field(default=True, metadata={"help": "Share completions between agents."})
-    peer_filter: str = field(
-        default="all", metadata={"help": "Peer rows to train on: 'all', 'correct' or 'positive' (advantage)."}
+    sharing: str | None = field(
+        default=None,
+        metadata={"help": "Sharing mode: paper, none, recommended, ... (docs/settings.md); settings beside it win."},
+    )
+    share_rollouts: bool | None = field(default=None, metadata={"help": "Share completions between agents."})
+    peer_filter: str | None = field(
+        default=None, metadata={"help": "Peer rows to train on: 'all', 'correct' or 'positive' (advantage)."}
     )
     learn_from: str = field(
         default="all", metadata={"help": "Whom each agent learns from: 'all', 'none' or agent names 'a,b'."}
     )
-    capability_gate: float = field(
-        default=0.0, metadata={"help": "Learn from a peer only while P̂_peer >= gate x P̂_learner; 0 = always."}
+    capability_gate: float | None = field(
+        default=None, metadata={"help": "Learn from a peer only while P̂_peer >= gate x P̂_learner; 0 = always."}
     )
     capability_gate_warmup: int = field(
         default=0, metadata={"help": "With a gate: every peer closed for the first N generation batches."}
     )
-    capability_gate_confidence: float = field(
-        default=0.0,
+    capability_gate_confidence: float | None = field(
+        default=None,
         metadata={"help": "With a gate: open a peer only when P̂_peer >= gate x P̂_learner at this confidence; 0 = off."},
     )
     capability_gate_rescue: bool = field(
         default=False,
         metadata={"help": "With a gate: a closed peer still lends its rows on prompts the learner failed entirely."},
     )
-    band_gate: bool = field(
-        default=False, metadata={"help": "Learn from a peer only at batches where some of its rows are in the band."}
+    band_gate: bool | None = field(
+        default=None, metadata={"help": "Learn from a peer only at batches where some of its rows are in the band."}
     )
-    peer_prompts: str = field(
-        default="all",
+    peer_prompts: str | None = field(
+        default=None,
         metadata={"help": "'all'; 'better' / 'failed': a peer's rows only where it did better / the learner failed."},
     )
-    taught_ratio_floor: float = field(
-        default=0.2, metadata={"help": "With per-prompt sharing: taught rows with ratio below this get no gradient."}
+    taught_ratio_floor: float | None = field(
+        default=None, metadata={"help": "With per-prompt sharing: taught rows with ratio below this get no gradient."}
     )
-    taught_schedule: str = field(
-        default="sharing",
+    taught_schedule: str | None = field(
+        default=None,
         metadata={"help": "With per-prompt sharing: 'solo': a batch of taught rows keeps the solo schedule."},
     )
     taught_baseline: str = field(
         default="joint",
         metadata={"help": "With per-prompt sharing: 'own': a learner's rows on taught prompts keep GSPO's advantages."},
     )
-    taught_scale: float = field(
-        default=1.0, metadata={"help": "With per-prompt sharing: a factor in (0, 1] on the taught rows' advantages."}
+    taught_scale: float | None = field(
+        default=None, metadata={"help": "With per-prompt sharing: a factor in (0, 1] on the taught rows' advantages."}
     )
     peer_fade_steps: int = field(
         default=0, metadata={"help": "Fade the peer rows' weight linearly to 0 over this many steps; 0 = no fade."}
@@ -423,6 +439,8 @@ class HACPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        # the sharing mode first: every check below, and each agent's overrides, see its settings
+        self.__dict__.update(expand_sharing({k: getattr(self, k) for k in ("sharing", *PRESET_SETTINGS)}))
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)
         implicit = AgentSpec(name="policy", num_processes=world) if self.agents is None else None
         # every agent's settings, checked here by every process, so that all stop with the same error (not kept on

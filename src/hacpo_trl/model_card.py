@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 
 from .cache import builtin_name
+from .presets import describe_sharing
 from .pretrained import original_model
 from .sharing import LEARNER_SETTINGS
 
@@ -36,7 +37,7 @@ PAPER = {
 
 CARD_SETTINGS = (
     "alpha", "peer_delta", "peer_delta_step", "capability_window", "capability_baseline", "capability_coefficient",
-    "peer_clipping", "naive", *LEARNER_SETTINGS, "epsilon", "epsilon_high", "num_generations", "learning_rate",
+    "peer_clipping", "naive", "sharing", *LEARNER_SETTINGS, "epsilon", "epsilon_high", "num_generations", "learning_rate",
     "temperature", "max_completion_length", "beta", "use_vllm", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
 )  # fmt: skip
 
@@ -65,7 +66,7 @@ def hacpo_card_section(
         lines += [f"- `{p.name}`: `{p.model_name_or_path or 'in-memory model'}`" for p in peers]
     else:
         lines.append("It was trained on its own completions only (no rollout sharing).")
-    lines += ["", _is_correction_sentence(settings)]
+    lines += ["", _is_correction_sentence(settings), "", describe_sharing(vars(settings)) + "."]
     recipe = {k: getattr(settings, k) for k in CARD_SETTINGS}
     lines += ["", "Recipe (HACPO settings):", "", "```json", json.dumps(recipe, indent=2, default=str), "```", ""]
     final: dict[str, float] = {}

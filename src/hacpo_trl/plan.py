@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .presets import describe_sharing, expand_sharing
 from .resolve import ResolvedAgent, resolve
 from .schedule import ends_inside_batch, solo_fits, update_schedule_problem, updates_within_batches
 
@@ -314,7 +315,11 @@ def batch_arithmetic(agent: ResolvedAgent, n_ranks: int, n_agents: int) -> dict[
     # a batch with rescued or taught peer rows only (`capability_gate_rescue`, `taught_schedule: solo`) adds them to
     # the solo micro-batches: at most all
     few = solo and (bool(get("capability_gate_rescue", False)) or get("taught_schedule", "sharing") == "solo")
+    # per-prompt sharing with taught rows on the solo schedule never uses the sharing schedule: without
+    # `solo_steps_per_generation` every batch is cut as GSPO cuts this recipe's, taught rows joining its updates
+    gspo = sharing and not solo and get("peer_prompts", "all") != "all" and get("taught_schedule") == "solo"
     return {
+        "gspo_schedule": gspo,
         "per_device_train_batch_size": per_device,
         "gradient_accumulation_steps": ga,
         "steps_per_generation": spg,
@@ -506,6 +511,7 @@ def make_plan(
     (None: CPU); ``fused_lm_head`` is False for a TRL older than 1.16 (materialised logits); ``prompt_tokens`` maps
     agent name -> its longest prompt in tokens (missing: 1,024); ``expandable_segments``: the CUDA allocator's
     setting. ``problems`` lists what will not run; an empty list means the plan passes."""
+    recipe = expand_sharing(recipe)  # a named sharing mode, as the config reads it
     resolved = resolve(recipe)
     problems: list[str] = []
     notes: list[str] = []
@@ -726,6 +732,8 @@ def make_plan(
     if len({s for s in schedules}) > 1:
         problems.append(f"agents differ in prompts or updates per generation batch: {schedules}")
     schedule = _schedule(recipe, agents[0].batch, dataset_rows, problems, notes)
+    if n_agents > 1:
+        schedule["sharing"] = describe_sharing(recipe)
     for a in agents:
         a.batch["checkpoint_disk_gib"] = a.checkpoint_gib * schedule.get("checkpoints_kept", 0)
         # HACPO prunes after each save, so one checkpoint more than the limit exists for a while; then the final model
@@ -830,6 +838,8 @@ def format_plan(plan: Plan) -> str:
     device = "CPU (no device memory check)" if plan.device_gib is None else f"{plan.device_gib:.1f} GiB per GPU"
     lines.append(f"launch: {plan.launch.label} inside each agent ({plan.launch.source}); device: {device}")
     s = plan.schedule
+    if "sharing" in s:
+        lines.append(str(s["sharing"]))
     if "steps_per_epoch" in s:
         lines.append(
             f"schedule: {s['dataset_rows']} prompts -> {s['generations_per_epoch']} generation batches, "
@@ -853,7 +863,15 @@ def format_plan(plan: Plan) -> str:
             f"{b['peer_rows_per_rank']} peer rows"
         )
         mix = ", ".join(f"{u['own']} own + {u['peer']} peer" for u in b["rows_per_update"])
-        lines.append(f"  {b['updates_per_generation']:g} optimizer updates per generation batch: {mix}")
+        if b.get("gspo_schedule"):
+            own = b["own_completions_per_rank"] * len(a.ranks) * b["gradient_accumulation_steps"]
+            own //= b["steps_per_generation"]
+            lines.append(
+                f"  {b['updates_per_generation']:g} optimizer updates per generation batch, as GSPO with this "
+                f"recipe: {own} own rows each, none skipped; taught rows join them (up to the peer's rows above)"
+            )
+        else:
+            lines.append(f"  {b['updates_per_generation']:g} optimizer updates per generation batch: {mix}")
         lines.append(f"  rows per forward pass: {b['rows_per_forward']}")
         if b.get("solo_steps_per_generation"):
             skipped = b["updates_per_generation"] - b["solo_updates"]

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sharing import PEER_LIMITS
+from .presets import describe_sharing
+from .sharing import PEER_LIMITS, PeerDecision, peers_in_band
 
 __all__ = [
     "ProbeArguments",
@@ -104,6 +105,40 @@ def pair_stats(ratios, correct, valid, lower_bound: float, omega: float) -> dict
     out["would_train"] = int(train.sum())
     out["wrong_share_of_would_train"] = float((train & ~correct).sum() / train.sum()) if train.any() else None
     return out
+
+
+def learner_view(decision: PeerDecision | None) -> dict:
+    """What a learner takes from its peers at a batch, out of the trainer's own decision (before the band gate,
+    :func:`hacpo_trl.sharing.decide` with the batch's records): the peers that enter, and per peer the prompts it
+    teaches (`peer_prompts`) or rescues (`capability_gate_rescue`), sorted."""
+    if decision is None:  # no exchange: the learner learns from no one
+        return {"learns_from": [], "taught": {}, "rescued": {}}
+    return {
+        "learns_from": list(decision.involved),
+        "taught": {p: sorted(decision.prompts.get(p, ())) for p in decision.taught},
+        "rescued": {p: sorted(prompts) for p, prompts in decision.rescued.items() if prompts},
+    }
+
+
+def band_gate_keeps(ratios, taught, lower_bound: float, floor: float) -> bool:
+    """Whether the band gate keeps a peer open at a batch: some of its rows count (in the band, or a taught row at
+    or above the floor), by the trainer's own rule (:func:`hacpo_trl.sharing.peers_in_band`)."""
+    ratios = torch.as_tensor(ratios, dtype=torch.float64).reshape(-1)
+    sources = ["peer"] * int(ratios.numel())
+    return peers_in_band(ratios, sources, ["peer"], lower_bound, list(taught), floor)["peer"] > 0
+
+
+def taught_stats(rows: list[tuple], prompts: list[str], floor: float) -> dict:
+    """A learner's taught rows from one peer (``rows``: (ratio, correct, valid, taught) each) and the prompts they
+    come from: how many, their median ratio and how many are at or above `taught_ratio_floor`."""
+    ratios = torch.tensor([r[0] for r in rows if r[3]], dtype=torch.float64)
+    return {
+        "prompts": prompts,
+        "rows": int(ratios.numel()),
+        "median": float(torch.quantile(ratios, 0.5)) if ratios.numel() else None,
+        "at_floor": int((ratios >= floor).sum()),
+        "floor": floor,
+    }
 
 
 def agent_stats(records, agent_names) -> dict:
@@ -181,6 +216,7 @@ def render(report: dict) -> str:
     lines = [
         f"hacpo-probe: {report['prompts']} prompts x {report['num_generations']} completions per agent "
         f"({report['backend']}), first band [{lb:.3f}, 1]",
+        *_sharing_lines(report.get("sharing", {})),
         "",
         "| learner <- generator | peer rows | ratio median [q1, q3] | below/in/above band | correct rows: "
         "below/in/above | wrong rows: below/in/above | would train | wrong share of those | ω |",
@@ -189,11 +225,29 @@ def render(report: dict) -> str:
     for p in report["pairs"]:
         r = p["ratio"]
         ratio = "-" if r["median"] is None else f"{r['median']:.3g} [{r['q1']:.3g}, {r['q3']:.3g}]"
-        closed = "" if p.get("learns_from", True) else " (does not learn from it: learn_from / capability_gate)"
+        closed = "" if p.get("learns_from", True) else f" ({_why_not(p)})"
         lines.append(
             f"| {p['learner']} <- {p['generator']}{closed} | {p['rows']} | {ratio} | {_shares(p['all'])} | "
             f"{p['correct']['rows']}: {_shares(p['correct'])} | {p['wrong']['rows']}: {_shares(p['wrong'])} | "
             f"{p['would_train']} | {_fmt(p['wrong_share_of_would_train'])} | {p['omega']:.2f} |"
+        )
+    taught = [p for p in report["pairs"] if p.get("peer_prompts", "all") != "all"]
+    if taught:
+        lines += ["", "Taught prompts (peer_prompts): the learner's prompts the peer teaches, and its taught rows:"]
+    for p in taught:
+        t = p["taught"]
+        gate = (
+            ""
+            if p["band_gate_keeps"] is None
+            else (
+                "; band gate: keeps it open" if p["band_gate_keeps"] else "; band gate: closes it (no row at the floor)"
+            )
+        )
+        median = "-" if t["median"] is None else f"{t['median']:.3g}"
+        lines.append(
+            f"  {p['learner']} <- {p['generator']}: {len(t['prompts'])} of {report['prompts']} prompts "
+            f"({p['peer_prompts']}), {t['rows']} taught rows, ratio median {median}, {t['at_floor']} at or above "
+            f"the floor {t['floor']:g}{gate}"
         )
     lines += ["", "| agent | completions | own accuracy | cut at max length |", "|---|---|---|---|"]
     for agent, a in report["agents"].items():
@@ -202,6 +256,19 @@ def render(report: dict) -> str:
     lines += ["", "Red flags:" if found else "Red flags: none."]
     lines += [f"  - {f}" for f in found]
     return "\n".join(lines)
+
+
+def _sharing_lines(sharing: dict[str, str]) -> list[str]:
+    """Each learner's sharing mode; one line when they all share one."""
+    if len(set(sharing.values())) == 1:
+        return list(set(sharing.values()))
+    return [f"{learner}: {text}" for learner, text in sharing.items()]
+
+
+def _why_not(pair: dict) -> str:
+    if pair.get("peer_prompts", "all") != "all":
+        return f"does not learn from it: no prompt of the sample with peer_prompts {pair['peer_prompts']}"
+    return "does not learn from it: learn_from / capability_gate"
 
 
 def generation_backend(config) -> str:
@@ -266,11 +333,17 @@ def probe_batch(trainer, prompts: list[dict]) -> tuple[dict, list, object, torch
     """The trainer's first generation batch on ``prompts`` (each ``num_generations`` times) and its peer rows'
     ratios: ``(batch, records, peer_rows, ratios)``. Every process of the launch must call it (an exchange)."""
     from .peer_rows import PeerRows
+    from .sharing import SharingSettings
 
     inputs = [row for row in prompts for _ in range(trainer.num_generations)]
     trainer.model.train()  # as in training: the generation batch is built in train mode
     trainer.last_peer_rows = None
-    batch = trainer._generate_and_score_completions(inputs)
+    # every row of the decision before the band gate, whose verdict the report computes from their ratios
+    settings, trainer.sharing = trainer.sharing, SharingSettings.from_values({**vars(trainer.args), "band_gate": False})
+    try:
+        batch = trainer._generate_and_score_completions(inputs)
+    finally:
+        trainer.sharing = settings
     rows = trainer.last_peer_rows or PeerRows()  # None: the learner learns from no peer (learn_from, gate)
     return batch, trainer.last_records, rows, score_peer_rows_of_batch(trainer, batch, len(inputs), len(rows))
 
@@ -283,7 +356,7 @@ def _my_rows(trainer, batch, rows, ratios) -> dict:
         if ratios[i] != ratios[i]:
             continue
         valid = bool(batch["hacpo_valid"][n_self + i])
-        out.setdefault(source, []).append((float(ratios[i]), rows.rewards[i] > 0, valid))
+        out.setdefault(source, []).append((float(ratios[i]), rows.rewards[i] > 0, valid, bool(rows.taught[i])))
     return out
 
 
@@ -325,9 +398,14 @@ def run(trainer, probe_args: ProbeArguments) -> dict | None:
     prompts = _my_prompts(trainer.train_dataset, probe_args.prompts, acc.process_index, acc.num_processes)
     batch, records, rows, ratios = probe_batch(trainer, prompts)
     low, high = config.capability_ratio_min, config.capability_ratio_max
+    settings = trainer.sharing
     mine = {
         "learner": trainer.agent,
-        "learns_from": list(trainer._sharing_decision().open),  # by learn_from and the gate (not band_gate)
+        **learner_view(trainer.last_decision),  # the trainer's decision on this batch, before the band gate
+        "sharing": describe_sharing(vars(config)),
+        "peer_prompts": settings.peer_prompts,
+        "band_gate": settings.band_gate,
+        "floor": settings.taught_ratio_floor,
         "rows": _my_rows(trainer, batch, rows, ratios),
         "omega": {a: trainer.capability.omega(a, trainer.agent, low, high) for a in trainer.agent_names},
     }
@@ -366,14 +444,23 @@ def _report(trainer, everyone: list[dict], records, probe_args) -> dict:
             stats = pair_stats(
                 [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], lb, parts[0]["omega"][generator]
             )
-            learns = generator in parts[0]["learns_from"]
-            pairs.append({"learner": learner, "generator": generator, "learns_from": learns, **stats})
+            mine = parts[0]
+            learns = generator in mine["learns_from"]
+            pair = {"learner": learner, "generator": generator, "learns_from": learns, **stats}
+            pair["peer_prompts"] = mine["peer_prompts"]
+            if mine["peer_prompts"] != "all":
+                pair["taught"] = taught_stats(rows, mine["taught"].get(generator, []), mine["floor"])
+            pair["rescued_prompts"] = mine["rescued"].get(generator, [])
+            keeps = band_gate_keeps([r[0] for r in rows], [r[3] for r in rows], lb, mine["floor"]) if rows else False
+            pair["band_gate_keeps"] = keeps if mine["band_gate"] and learns else None
+            pairs.append(pair)
     report = {
         "prompts": min(probe_args.prompts, len(trainer.train_dataset)),
         "num_generations": trainer.num_generations,
         "max_completion_length": trainer.args.max_completion_length,
         "backend": generation_backend(trainer.args),
         "peer_filter": trainer.args.peer_filter,
+        "sharing": {e["learner"]: e["sharing"] for e in everyone},
         "sharing_options": [n for n in SHARING_OPTIONS if hasattr(trainer.args, n)],
         "band": [lb, 1.0],
         "agents": agent_stats(records, names),

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from .presets import expand_sharing
 from .resolve import ResolvedRecipe, resolve
 
 __all__ = [
@@ -154,7 +155,10 @@ def load_recipe(path: str, argv: list[str] | None = None) -> dict:
         raise RecipeError(f"recipe {path!r} must be a YAML mapping of settings")
     if argv:
         recipe = {**recipe, **{k: v for k, v in cli_overrides(argv).items() if k != "config"}}
-    return recipe
+    try:
+        return expand_sharing(recipe)
+    except ValueError as exc:
+        raise RecipeError(f"recipe key 'sharing': {exc}") from None
 
 
 def cli_overrides(argv: list[str]) -> dict:

@@ -38,7 +38,7 @@ DEFAULT_OUTPUT_DIR = "hacpo_output"  # the run's folder when a run of several ag
 # Fields an agent may not override: they define the run, not the agent (the ones an agent may set differently are
 # its own `AgentSpec` fields).
 NOT_PER_AGENT = frozenset(
-    {"agents", "output_dir", "learning_rate", "hub_model_id", "model_init_kwargs", "chat_template_kwargs"}
+    {"agents", "output_dir", "learning_rate", "hub_model_id", "model_init_kwargs", "chat_template_kwargs", "sharing"}
 )
 # One value for the whole launch; why, for the error.
 LAUNCH_ONLY = {"share_gpus": "all agents share the GPUs or none do"}
@@ -174,6 +174,11 @@ def _own_settings(spec: AgentSpec, fields: Collection[str] | None) -> dict[str, 
     """What the agent sets over the run: its run-level fields that are given, then its overrides, checked."""
     own = {key: getattr(spec, key) for key in AGENT_RUN_FIELDS if getattr(spec, key) is not None}
     for key, value in spec.overrides.items():
+        if key == "sharing":
+            raise ValueError(
+                f"agent {spec.name!r}: `sharing` names the run's mode; override its settings instead "
+                "(e.g. peer_prompts, taught_scale)"
+            )
         if key in NOT_PER_AGENT:
             raise ValueError(f"agent {spec.name!r}: cannot override {key!r} (set it on the agent itself)")
         if not isinstance(key, str) or key.startswith("_") or (fields is not None and key not in fields):

@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .algorithm import in_band
+from .presets import SHARING_PRESETS
+
+_PAPER = SHARING_PRESETS["paper"]  # each setting's default: the paper's rule (`hacpo_trl.presets`)
 
 if TYPE_CHECKING:
     from .exchange import RolloutBatch
@@ -94,21 +97,21 @@ class SharingSettings:
     are known. The init-only ``capability_metric`` and ``band`` (whether the loss has a peer band) are the
     context some options need; ``who`` prefixes every error (e.g. ``"agent 'a': "``)."""
 
-    peer_filter: str = "all"
+    peer_filter: str = _PAPER["peer_filter"]
     learn_from: str | list[str] | None = field(default="all", metadata={"limits_peers": True})
-    capability_gate: float = field(default=0.0, metadata={"limits_peers": True})
+    capability_gate: float = field(default=_PAPER["capability_gate"], metadata={"limits_peers": True})
     capability_gate_warmup: int = 0
-    capability_gate_confidence: float = 0.0
+    capability_gate_confidence: float = _PAPER["capability_gate_confidence"]
     capability_gate_rescue: bool = False
     peer_fade_steps: int = field(default=0, metadata={"limits_peers": True})
     solo_steps_per_generation: int | None = None
     skip_empty_updates: bool = False
-    band_gate: bool = False
-    peer_prompts: str = field(default="all", metadata={"limits_peers": True})
-    taught_ratio_floor: float = 0.2
-    taught_schedule: str = "sharing"
+    band_gate: bool = _PAPER["band_gate"]
+    peer_prompts: str = field(default=_PAPER["peer_prompts"], metadata={"limits_peers": True})
+    taught_ratio_floor: float = _PAPER["taught_ratio_floor"]
+    taught_schedule: str = _PAPER["taught_schedule"]
     taught_baseline: str = "joint"
-    taught_scale: float = 1.0
+    taught_scale: float = _PAPER["taught_scale"]
     capability_metric: InitVar[str] = "accuracy"
     band: InitVar[bool] = True
     who: InitVar[str] = ""

@@ -16,6 +16,7 @@ import sys
 
 from .bootstrap import filter_library_warnings, parse_args, place, refuse, task_datasets
 from .plan import DEVICE_GIB  # what --plan assumes of an 80 GB card, quoted in --help
+from .presets import describe_sharing
 
 # Recipe reading and checking live in `hacpo_trl.recipe`; the names are re-exported here for existing callers.
 from .recipe import (
@@ -291,6 +292,7 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
 
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     halves = {"accuracy_before_by_half": before_by_half, "accuracy_after_by_half": after_by_half}
+    halves["sharing"] = describe_sharing(vars(config))  # this agent's mode and its settings, as it trained
     report = (trainer.agent, is_agent_main, before, after, trainer.state.log_history, config.output_dir, curve, peak_mb)
     reports = [r for r in trainer.exchange.all_gather((*report, halves), what="final report") if r[1]]
     if trainer.topology.global_rank == 0:
@@ -314,6 +316,7 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
             if info["accuracy_before"] is not None:
                 change = f"  held-out accuracy {info['accuracy_before']:.3f} -> {info['accuracy_after']:.3f}"
             print(f"  {agent}: {info['output_dir']}{change}")
+            print(f"    {info['sharing']}")
         if script_args.plot:
             png = os.path.join(root, "hacpo_curves.png")
             _plot(

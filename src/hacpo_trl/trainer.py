@@ -88,6 +88,7 @@ class HACPOTrainer(GRPOTrainer):
         # public (callbacks, `hacpo-probe`): every agent's records of the last generation batch, the peer rows taken
         self.last_records: list[RolloutBatch] = []
         self.last_peer_rows: peer_rows.PeerRows | None = None
+        self.last_decision: PeerDecision | None = None  # before the band gate
         self.add_callback(metrics.OptimizerTimer(self))
         self.add_callback(updates.ResumeGradScaler(self._updates))
         self._self_on_policy = self._one_update(args.steps_per_generation)
@@ -234,7 +235,7 @@ class HACPOTrainer(GRPOTrainer):
         exchange.check_same_prompts(records, self.agent, step)
         self.last_records, self.last_peer_rows = records, None
         by_agent = self._update_capability(records, mode)
-        decision = self._sharing_decision(records)
+        decision = self.last_decision = self._sharing_decision(records)
         rows = None if decision.solo else self._peer_rows(prompt_ids, rewards, by_agent, *decision.rows_args())
         if rows is not None and self.sharing.band_gate:  # the band gate needs a forward over the peer rows
             in_band = self._peers_in_band(batch, rows, prompt_ids, list(decision.involved))
