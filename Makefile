@@ -28,12 +28,13 @@ $(VENV)/.installed: pyproject.toml
 # model, style, equal. A folder that holds a run is refused: `make demo DEMO_ARGS=--overwrite_output_dir` trains into it.
 DEMO_PAIR ?= size
 DEMO_METHOD ?= preset
-# The preset's settings as flags: RECOMMENDED in benchmarks/reproduce.py (tests/test_docs.py keeps the two equal).
-PRESET_ARGS = --peer_filter correct --peer_prompts failed --taught_ratio_floor 0.2 --taught_schedule solo --taught_scale 0.25 \
-	--band_gate true --solo_steps_per_generation 2
+# The preset (src/hacpo_trl/presets.py; RECOMMENDED in benchmarks/reproduce.py is its settings).
+PRESET_ARGS = --sharing recommended
 # GSPO as the benchmark runs it: no sharing, 2 updates of 32 own rows per generation batch (24 steps = 12 batches).
 GSPO_ARGS = --share_rollouts false --per_device_train_batch_size 32 --steps_per_generation 2
-DEMO_METHOD_ARGS = $(if $(filter preset,$(DEMO_METHOD)),$(PRESET_ARGS) --max_steps 48,$(if \
+# the preset on GSPO's batching: the same 24 optimizer steps, taught rows added to them
+DEMO_METHOD_ARGS = $(if $(filter preset,$(DEMO_METHOD)),$(PRESET_ARGS) $(filter-out --share_rollouts false,$(GSPO_ARGS)) \
+	--max_steps 24,$(if \
 	$(filter paper,$(DEMO_METHOD)),--max_steps 48,$(if $(filter gspo,$(DEMO_METHOD)),$(GSPO_ARGS) --max_steps 24,$(error \
 	DEMO_METHOD must be preset, paper or gspo, got '$(DEMO_METHOD)'))))
 DEMO_DIR = outputs/demo_$(DEMO_PAIR)_$(DEMO_METHOD)

@@ -82,6 +82,8 @@ LAUNCH_CONFIGS = {"cpu": "cpu_2agents.yaml", "cuda": "one_gpu_2agents.yaml"}
 RECOMMENDED: str | None = "HACPO correct + failed-prompt floor 0.2 + taught scale 0.25 + GSPO solo schedule + band gate"
 PREVIOUS_PRESET = "HACPO correct + failed-prompt floor 0.2 + GSPO solo schedule + band gate"
 FORMER_PRESET = "HACPO correct + gate 1.0 at 95% confidence + GSPO solo updates + band gate"
+# the recipe's `sharing:` name of each (`hacpo_trl.presets`; their settings here are the names' plus the schedule)
+PRESET_METHODS = {"recommended": RECOMMENDED, "failed_prompts": PREVIOUS_PRESET, "confident_gate": FORMER_PRESET}
 
 # name -> (recipe overrides, own rollouts per prompt and step, optimizer updates per generation batch)
 # (string values may name "{stronger}", the pair's stronger agent, or "{run}", the run's optimizer steps)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from hacpo_trl.presets import SHARING_CHANGES
+
 ROOT = Path(__file__).resolve().parents[1]
 LINKED = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "benchmarks").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -164,10 +166,10 @@ def test_readme_first_screen_has_the_commands_the_preset_and_its_effect():
     words = " ".join(first.split())
     for command in ("make demo", "make test", "accelerate launch", "hacpo-probe", "--plan"):
         assert command in first, command
+    # the preset in one line, whose settings are those the recorded grid ran (on the paper's schedule, GSPO's solo)
+    assert re.search(r'^echo "sharing: recommended" >> my_pair.yaml ', first, flags=re.M)
     settings = json.loads((ROOT / "benchmarks" / "results.json").read_text())["recommended_settings"]
-    for key, value in settings.items():
-        value = str(value).lower() if isinstance(value, bool) else str(value)
-        assert re.search(rf"^{key}: {re.escape(value)}\b", first, flags=re.M), (key, value)
+    assert settings.pop("solo_steps_per_generation") == 2 and settings == SHARING_CHANGES["recommended"]
     for agent, figure in _first_screen_figures().items():
         assert figure in words, (agent, figure)  # each agent's measured gain, as results.json gives it
     assert "8/8 seeds" in words  # the style pair's agents equal to GSPO
@@ -182,11 +184,8 @@ def _makefile_flags(name: str) -> dict[str, str]:
 
 def test_make_demo_trains_with_the_recommended_preset():
     reproduce = _module(ROOT / "benchmarks" / "reproduce.py")
-    preset = {k: v for k, v in reproduce.METHODS[reproduce.RECOMMENDED][0].items() if k not in reproduce.HACPO_SCHEDULE}
-    flags = reproduce._flags(preset)
-    assert _makefile_flags("PRESET_ARGS") == dict(zip(flags[::2], flags[1::2], strict=True)), (
-        "Makefile's PRESET_ARGS differs from RECOMMENDED in benchmarks/reproduce.py"
-    )
+    assert reproduce.PRESET_METHODS["recommended"] == reproduce.RECOMMENDED  # its settings: tests/test_presets.py
+    assert _makefile_flags("PRESET_ARGS") == {"--sharing": "recommended"}
     flags = reproduce._flags(reproduce.METHODS["GSPO"][0])
     assert _makefile_flags("GSPO_ARGS") == dict(zip(flags[::2], flags[1::2], strict=True))
 
@@ -205,7 +204,9 @@ def test_each_demo_variant_has_its_own_folder(tmp_path, args, folder, preset):
         ["make", "-n", "demo", f"VENV={venv}", *args], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
     assert f"--output_dir {folder} " in dry
-    assert ("--peer_prompts failed" in dry) == preset
+    assert (
+        "--sharing recommended --per_device_train_batch_size 32 --steps_per_generation 2 --max_steps 24" in dry
+    ) == (preset)
 
 
 def test_no_file_narrates_the_projects_development():

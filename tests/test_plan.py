@@ -355,55 +355,48 @@ def test_plan_reads_the_recipes_own_accelerate_config_and_hints_at_hf_download(t
         model_config("someorg/no-such-model")
 
 
-def _recommended_preset() -> dict:
-    """The recommended preset's settings as the benchmark ran them (benchmarks/reproduce.py), less the miniature's
-    batching: one definition for the benchmark, the results and the GPU recipes."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import reproduce
-
-    settings = dict(reproduce.METHODS[reproduce.RECOMMENDED][0])
-    gspo_steps = reproduce.METHODS["GSPO"][0]["steps_per_generation"]
-    # in the miniature too, a learner that learns from no one takes the GSPO baseline's micro-batches
-    assert settings.pop("solo_steps_per_generation") == gspo_steps
-    for key in reproduce.HACPO_SCHEDULE:
-        settings.pop(key)
-    return settings
+def _paper_schedule_preset() -> dict:
+    """The first pair's HACPO recipe with the preset as the benchmark ran it: the paper's schedule, GSPO's 64
+    micro-batches at a batch learned from no one or taught (the other 2 updates skipped)."""
+    recipe = yaml.safe_load((ROOT / "recipes" / "qwen3_1.7b_base_x_qwen3_4b_base.yaml").read_text())
+    return {**recipe, "sharing": "recommended", "solo_steps_per_generation": 64, "vllm_gpu_memory_utilization": 0.28}
 
 
 @pytest.mark.parametrize("pair", PAIRS)
-def test_preset_recipes_are_the_pairs_hacpo_recipe_with_the_recommended_preset(pair, hub_cache, capsys):
-    """`<pair>_preset.yaml` is its pair's HACPO recipe with the benchmark's recommended preset added, and nothing else;
-    its `solo_steps_per_generation` is the pair's GSPO recipe's `steps_per_generation`, so that a batch at which an
-    agent learns from no one is GSPO's 2 updates of 512 own rows in forwards of GSPO's 4 rows, as its plan shows."""
+def test_preset_recipes_are_the_pairs_gspo_recipe_with_the_preset_line(pair, hub_cache, capsys):
+    """`<pair>_preset.yaml` is its pair's GSPO recipe with `sharing: recommended` instead of `share_rollouts: false`,
+    the HACPO recipe's peer settings and vLLM's share lower by 0.02 (a taught batch's forwards hold up to 8 rows, not
+    4), and nothing else: its plan makes GSPO's 2 updates of 512 own rows per generation batch, none skipped."""
     hacpo = yaml.safe_load((ROOT / "recipes" / f"{pair}.yaml").read_text())
     gspo = yaml.safe_load((ROOT / "recipes" / f"{pair}_gspo.yaml").read_text())
     path = ROOT / "recipes" / f"{pair}_preset.yaml"
     recipe = yaml.safe_load(path.read_text())
-    preset = _recommended_preset()
-    # vLLM's share is lower by 0.02: a batch of taught rows adds them to GSPO's forwards (up to 8 rows, not 4)
-    assert {k for k in hacpo.keys() | recipe.keys() if hacpo.get(k) != recipe.get(k)} == (
-        {"output_dir", "solo_steps_per_generation", "vllm_gpu_memory_utilization"} | preset.keys()
+    peer = {"alpha", "peer_delta", "peer_delta_step"}
+    assert {k for k in gspo.keys() | recipe.keys() if gspo.get(k) != recipe.get(k)} == (
+        {"output_dir", "share_rollouts", "sharing", "vllm_gpu_memory_utilization"} | peer
     )
-    assert (hacpo["vllm_gpu_memory_utilization"], recipe["vllm_gpu_memory_utilization"]) == (0.3, 0.28)
-    assert {k: recipe[k] for k in preset} == preset
-    assert recipe["solo_steps_per_generation"] == gspo["steps_per_generation"]
+    assert recipe["sharing"] == "recommended" and {k: recipe[k] for k in peer} == {k: hacpo[k] for k in peer}
+    assert (gspo["vllm_gpu_memory_utilization"], recipe["vllm_gpu_memory_utilization"]) == (0.3, 0.28)
     outs = {}
     for name, p in (("preset", path), ("gspo", ROOT / "recipes" / f"{pair}_gspo.yaml")):
         assert plan_main(["--config", str(p), "--plan", "--accelerate_config", str(_accelerate_config(p))]) == 0
         outs[name] = capsys.readouterr().out
     assert "plan: OK" in outs["preset"], outs["preset"]
     assert outs["gspo"].count("2 optimizer updates per generation batch: 512 own + 0 peer, 512 own + 0 peer\n") == 2
-    assert outs["gspo"].count("rows per forward pass: 4\n") == 2
-    solo = "learning from no one at a batch: 2 optimizer updates of 512 own rows, 4 rows per forward pass; 2 skipped"
-    assert outs["preset"].count(solo) == 2
-    assert outs["preset"].count("4 optimizer updates per generation batch: 512 own + 0 peer, 512 own + 0 peer, ") == 2
+    gspo_schedule = (
+        "2 optimizer updates per generation batch, as GSPO with this recipe: 512 own rows each, none skipped"
+    )
+    assert outs["preset"].count(gspo_schedule) == 2 and "skipped (solo_steps_per_generation" not in outs["preset"]
+    assert outs["preset"].count("rows per forward pass: 8\n") == 2 and "sharing: recommended (" in outs["preset"]
+    steps = [line for line in outs["gspo"].splitlines() if line.startswith("schedule:")]
+    assert steps == [line for line in outs["preset"].splitlines() if line.startswith("schedule:")]
 
 
 def test_plan_counts_a_solo_batchs_larger_forward_and_refuses_a_solo_schedule_of_partial_updates(hub_cache, capsys):
     """A solo schedule of fewer micro-batches than the own rows' share runs larger forwards than the sharing
     schedule: the memory estimate is for the larger one (here it no longer fits). One that does not cut into whole
     updates is a problem."""
-    recipe = yaml.safe_load((ROOT / "recipes" / "qwen3_1.7b_base_x_qwen3_4b_base_preset.yaml").read_text())
+    recipe = _paper_schedule_preset()
     launch = launch_from_accelerate(yaml.safe_load((ROOT / "accelerate_configs" / "zero2_8gpu.yaml").read_text()))
     dm = {"qwen3-1.7b-base": dims("Qwen/Qwen3-1.7B-Base"), "qwen3-4b-base": dims("Qwen/Qwen3-4B-Base")}
     plans = {}
@@ -413,7 +406,7 @@ def test_plan_counts_a_solo_batchs_larger_forward_and_refuses_a_solo_schedule_of
     assert [a.batch["solo_rows_per_forward"] for a in plans[32].agents] == [8, 8]
     assert [a.batch["solo_updates"] for a in plans[32].agents] == [1, 1]
     assert all(b.peak_gib > a.peak_gib for a, b in zip(plans[64].agents, plans[32].agents, strict=True))
-    assert not plans[64].problems  # the preset recipe as shipped
+    assert not plans[64].problems  # the preset as the benchmark ran it
     # twice the rows per forward: the 4B agent no longer fits an 80 GB card (the sharing schedule's 4 rows did)
     assert [p for p in plans[32].problems if "does not fit" in p] == [
         next(p for p in plans[32].problems if p.startswith("agent 'qwen3-4b-base'"))
@@ -422,13 +415,12 @@ def test_plan_counts_a_solo_batchs_larger_forward_and_refuses_a_solo_schedule_of
 
 
 def test_plan_sizes_a_batch_of_taught_or_rescued_rows_for_all_peer_rows_in_the_solo_micro_batches(hub_cache, capsys):
-    """With `taught_schedule: solo` (the preset) or `capability_gate_rescue`, a batch whose peer rows are taught or
-    rescued ones only keeps the solo schedule's 64 micro-batches, each with its 4 own rows and an equal share of the
-    peer rows: up to all 256 of a rank's peer rows, 4 more per forward, 8 in all. At the HACPO recipe's vLLM share
-    (0.3) the 4B agent does not fit an 80 GB card; at the preset recipe's 0.28 it does. Without either option the
-    bound is not computed."""
-    path = ROOT / "recipes" / "qwen3_1.7b_base_x_qwen3_4b_base_preset.yaml"
-    preset = yaml.safe_load(path.read_text())
+    """With `taught_schedule: solo` (the preset) or `capability_gate_rescue` on the paper's schedule, a batch whose
+    peer rows are taught or rescued ones only keeps the solo schedule's 64 micro-batches, each with its 4 own rows
+    and an equal share of the peer rows: up to all 256 of a rank's peer rows, 4 more per forward, 8 in all. At the
+    HACPO recipe's vLLM share (0.3) the 4B agent does not fit an 80 GB card; at 0.28 it does. Without either option
+    the bound is not computed."""
+    preset = _paper_schedule_preset()
     launch = launch_from_accelerate(yaml.safe_load((ROOT / "accelerate_configs" / "zero2_8gpu.yaml").read_text()))
     dm = {"qwen3-1.7b-base": dims("Qwen/Qwen3-1.7B-Base"), "qwen3-4b-base": dims("Qwen/Qwen3-4B-Base")}
     plan = make_plan(preset, dm, launch, H100, 7500)
@@ -445,9 +437,9 @@ def test_plan_sizes_a_batch_of_taught_or_rescued_rows_for_all_peer_rows_in_the_s
 
 
 def test_plan_notes_a_max_steps_that_ends_inside_a_generation_batch(hub_cache):
-    """The preset recipe makes 4 updates per generation batch: `--max_steps 10` (docs/training.md's short trial) is
+    """The HACPO recipe makes 4 updates per generation batch: `--max_steps 10` (docs/training.md's short trial) is
     allowed, with a note that its final checkpoint is mid-batch; 8 gets no note."""
-    recipe = yaml.safe_load((ROOT / "recipes" / "qwen3_1.7b_base_x_qwen3_4b_base_preset.yaml").read_text())
+    recipe = yaml.safe_load((ROOT / "recipes" / "qwen3_1.7b_base_x_qwen3_4b_base.yaml").read_text())
     launch = launch_from_accelerate(yaml.safe_load((ROOT / "accelerate_configs" / "zero2_8gpu.yaml").read_text()))
     dm = {"qwen3-1.7b-base": dims("Qwen/Qwen3-1.7B-Base"), "qwen3-4b-base": dims("Qwen/Qwen3-4B-Base")}
     for steps, noted in ((10, True), (8, False)):

@@ -224,3 +224,27 @@ def test_probe_help_names_its_own_flags():
     )
     assert proc.returncode == 0 and proc.stdout.startswith("usage: hacpo-probe")
     assert "--prompts PROMPTS" in proc.stdout and "--output OUTPUT" in proc.stdout
+
+
+@pytest.mark.launch
+def test_probe_with_the_preset_reports_taught_prompts_for_the_weaker_agent(tmp_path):
+    """`sharing: recommended` on the size pair: the probe reads the trainer's decision on its batch, so the weaker
+    agent is taught the prompts it failed entirely and the larger one solved, with the taught rows' ratios against
+    the floor and the band gate's verdict (it once labelled every pair "does not learn from it")."""
+    out = tmp_path / "probe.json"
+    cmd = [sys.executable, "-m", "hacpo_trl.probe", "--config", str(ROOT / "recipes" / "tiny_size.yaml"),
+           "--sharing", "recommended", "--prompts", "16", "--output", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert set(report["sharing"]) == {"trace-large", "trace-small"}
+    assert all(s.startswith("sharing: recommended (") for s in report["sharing"].values())
+    weak = next(p for p in report["pairs"] if p["learner"] == "trace-small")
+    taught = weak["taught"]
+    assert weak["learns_from"] and weak["peer_prompts"] == "failed" and taught["prompts"] and taught["floor"] == 0.2
+    assert taught["rows"] == weak["rows"] > 0 and 0 <= taught["at_floor"] <= taught["rows"]  # peer rows: taught only
+    assert weak["band_gate_keeps"] is (taught["at_floor"] > 0)
+    assert f"trace-small <- trace-large: {len(taught['prompts'])} of 16 prompts (failed), {taught['rows']} taught" in (
+        proc.stdout
+    )
+    assert "does not learn from it" not in proc.stdout

@@ -235,7 +235,7 @@ def test_decide_with_peer_prompts_keeps_each_peer_only_where_it_did_better():
     for floor in (-0.1, 1.0, True, "0.2"):
         with pytest.raises(ValueError, match=r"`taught_ratio_floor` must be a number in \[0, 1\), got "):
             _settings(peer_prompts="better", taught_ratio_floor=floor)
-    assert _settings(taught_ratio_floor=0).taught_ratio_floor == 0
+    assert _settings(peer_prompts="better", taught_ratio_floor=0).taught_ratio_floor == 0
 
 
 def test_decide_with_peer_prompts_failed_keeps_each_peer_only_where_the_learner_failed_entirely():

@@ -139,8 +139,11 @@ def chosen_checkpoint(
     requested, agent: str, complete: dict[int, str], everyone: Sequence[tuple], describe_rank: Callable[[int], str]
 ) -> str | None:
     """The checkpoint `resume_from_checkpoint` (``requested``) names: with True or ``"last"`` the newest step every
-    agent saved completely (:func:`resume_checkpoint`), else the path given; None: training starts afresh."""
-    if requested is True or requested == "last":
+    agent saved completely (:func:`resume_checkpoint`), else the path given; None: training starts afresh. The
+    command line gives strings: ``"true"`` means True and ``"false"`` nothing, as in a recipe."""
+    if isinstance(requested, str) and requested.strip().lower() in ("true", "false", "last", ""):
+        requested = requested.strip().lower() in ("true", "last")
+    if requested is True:
         return resume_checkpoint(agent, complete, everyone, describe_rank)
     return requested or None
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 
 from .cache import builtin_name
-from .presets import describe_sharing
+from .presets import SHARING_PRESETS, describe_sharing
 from .pretrained import original_model
 from .sharing import LEARNER_SETTINGS
 
@@ -66,7 +66,9 @@ def hacpo_card_section(
         lines += [f"- `{p.name}`: `{p.model_name_or_path or 'in-memory model'}`" for p in peers]
     else:
         lines.append("It was trained on its own completions only (no rollout sharing).")
-    lines += ["", _is_correction_sentence(settings), "", describe_sharing(vars(settings)) + "."]
+    lines += ["", _is_correction_sentence(settings)]
+    if getattr(settings, "sharing", None) in SHARING_PRESETS:  # the named mode and what it set
+        lines += ["", describe_sharing(vars(settings)) + "."]
     recipe = {k: getattr(settings, k) for k in CARD_SETTINGS}
     lines += ["", "Recipe (HACPO settings):", "", "```json", json.dumps(recipe, indent=2, default=str), "```", ""]
     final: dict[str, float] = {}

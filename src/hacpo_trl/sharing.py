@@ -82,6 +82,11 @@ def parse_learn_from(value: Any, agent_names: list[str], where: str = "`learn_fr
     return names
 
 
+def _shown(value: Any) -> str:
+    """A setting's value as a recipe writes it (1 for 1.0, 'solo' quoted)."""
+    return repr(value) if isinstance(value, str) else format(value, "g")
+
+
 def _true_or_false(value: Any, name: str, who: str) -> bool:
     """A boolean setting, refused by name when a recipe gives anything else (YAML's `yes`, 1, ...)."""
     if not isinstance(value, bool):
@@ -170,19 +175,27 @@ class SharingSettings:
         scale = self.taught_scale
         if isinstance(scale, bool) or not (isinstance(scale, int | float) and 0 < scale <= 1):
             raise ValueError(f"{who}`taught_scale` must be a number in (0, 1], got {scale!r}")
+        if self.capability_gate_rescue and self.peer_prompts == "failed":
+            raise ValueError(
+                f"{who}`capability_gate_rescue` lends a closed peer's rows on the prompts the learner failed entirely, "
+                "and `peer_prompts: failed` already takes every peer's rows there (as taught rows): set "
+                "capability_gate_rescue false, or peer_prompts 'all' to keep the rescue"
+            )
         if self.peer_prompts == "all":  # these act on taught rows, which only per-prompt sharing makes
-            for name, default in (("taught_schedule", "sharing"), ("taught_baseline", "joint"), ("taught_scale", 1)):
+            taught = ("taught_ratio_floor", "taught_schedule", "taught_baseline", "taught_scale")
+            for name, default in ((n, next(f.default for f in fields(self) if f.name == n)) for n in taught):
                 if (value := getattr(self, name)) != default:
                     raise ValueError(
                         f"{who}`{name}: {value}` acts on taught rows, and `peer_prompts` is 'all' (no taught rows): "
-                        f"set peer_prompts 'better' or 'failed', or {name} {default!r}"
+                        f"set peer_prompts 'better' or 'failed', or {name} {_shown(default)}"
                     )
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any], who: str = "") -> SharingSettings:
-        """A learner's settings out of a config's values (``vars(config)``, with an agent's overrides applied)."""
+        """A learner's settings out of a config's values (``vars(config)``, with an agent's overrides applied); a
+        setting left out takes its default."""
         band = bool(not values.get("naive") and values.get("peer_clipping"))
-        chosen = {name: values.get(name) for name in LEARNER_SETTINGS}
+        chosen = {f.name: values.get(f.name, f.default) for f in fields(cls) if f.name in LEARNER_SETTINGS}
         return cls(**chosen, capability_metric=values.get("capability_metric"), band=band, who=who)
 
 

@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                 effective = recipe
             preflight(effective, num_processes=launched)  # every rank, before any ML library is imported
             check_output_dir(effective)
-            said = place(recipe, world)  # before anything imports trl (and maybe CUDA)
+            said = place(effective, world)  # as the flags leave it; before anything imports trl (and maybe CUDA)
             check_recipe(effective, num_processes=launched)  # as the flags leave it
             if said and os.environ.get("RANK", "0") == "0":
                 print(said, file=sys.stderr, flush=True)

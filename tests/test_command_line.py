@@ -1,0 +1,41 @@
+"""A flag on the command line means what the same key means in the recipe: the launch reads one recipe, the YAML
+with the flags over it."""
+
+import pytest
+import yaml
+
+from hacpo_trl import placement, train
+from hacpo_trl.checkpoints import chosen_checkpoint
+from hacpo_trl.recipe import RecipeError
+
+
+def test_share_gpus_on_the_command_line_places_the_process_as_the_config_will(tmp_path, monkeypatch):
+    """`--share_gpus true` reaches the placement, which runs before the argument parser: it once read the YAML
+    alone, placed the process without sharing, and the config then failed with a RuntimeError traceback."""
+    recipe = {"agents": [{"name": "a", "model_name_or_path": "builtin:tiny-llama"},
+                         {"name": "b", "model_name_or_path": "builtin:tiny-qwen2"}],
+              "output_dir": str(tmp_path / "out"), "use_cpu": True}  # fmt: skip
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    placed = []
+    monkeypatch.setattr(placement, "place_process", lambda counts, share=False: placed.append((list(counts), share)))
+
+    def stop(*args, **kwargs):
+        raise RecipeError("stopped after the placement")
+
+    monkeypatch.setattr(train, "check_recipe", stop)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert train.main(["--config", str(tmp_path / "r.yaml"), "--share_gpus", "true"]) == 2
+    assert placed == [([1, 1], True)]
+    placed.clear()
+    assert train.main(["--config", str(tmp_path / "r.yaml")]) == 2
+    assert placed == [([1, 1], False)]
+
+
+@pytest.mark.parametrize(("requested", "expected"), [("true", "a/2"), ("True", "a/2"), ("false", None), (True, "a/2")])
+def test_resume_from_checkpoint_true_on_the_command_line_is_the_newest_complete_step(requested, expected):
+    """The argument parser gives `--resume_from_checkpoint true` as the string "true" (a recipe's `true` is a bool):
+    both resume from the newest step every agent saved, not from a folder named "true"."""
+    complete, everyone = {2: "a/2", 4: "a/4"}, [("A", True, [2, 4], True), ("B", True, [2], True)]
+    assert chosen_checkpoint(requested, "A", complete, everyone, str) == expected
+    assert chosen_checkpoint("a/4", "A", complete, everyone, str) == "a/4"

@@ -1,0 +1,185 @@
+"""Named sharing modes (`sharing: recommended`): one expansion, read alike by the recipe, the config, the plan and the
+probe; a setting beside the name wins; the benchmark's preset methods are the names' settings."""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hacpo_trl import HACPOConfig
+from hacpo_trl.exchange import RolloutBatch
+from hacpo_trl.plan import Launch, ModelDims, format_plan, make_plan
+from hacpo_trl.presets import SHARING_CHANGES, SHARING_PRESETS, describe_sharing, expand_sharing
+from hacpo_trl.probe import band_gate_keeps, learner_view
+from hacpo_trl.recipe import RecipeError, load_recipe
+from hacpo_trl.resolve import resolve
+from hacpo_trl.sharing import PeerDecision, SharingSettings, decide, peers_in_band, rescued_prompts
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False)
+
+
+def test_a_name_expands_to_its_settings_and_a_setting_beside_it_wins():
+    assert expand_sharing({})["sharing"] == "paper" and expand_sharing({})["peer_prompts"] == "all"
+    out = expand_sharing({"sharing": "recommended", "taught_scale": 1.0, "band_gate": False})
+    assert {k: out[k] for k in ("peer_filter", "peer_prompts", "taught_schedule", "taught_ratio_floor")} == {
+        "peer_filter": "correct", "peer_prompts": "failed", "taught_schedule": "solo", "taught_ratio_floor": 0.2,
+    }  # fmt: skip
+    assert out["taught_scale"] == 1.0 and out["band_gate"] is False  # given beside it, even the paper's value
+    assert "solo_steps_per_generation" not in out  # the recipe's own schedule: nothing skipped
+    assert expand_sharing({"sharing": "none"})["share_rollouts"] is False
+    with pytest.raises(ValueError, match=r"`sharing` must be one of \('paper', 'none', 'recommended'"):
+        expand_sharing({"sharing": "recomended"})
+    line = describe_sharing(out)
+    assert (
+        line.startswith("sharing: recommended (")
+        and "taught_scale 1.0 (set)" in line
+        and "band_gate false (set)" in line
+    )
+
+
+def test_the_papers_settings_are_the_defaults_of_the_learners_settings():
+    defaults = {f.name: f.default for f in dataclasses.fields(SharingSettings)}
+    paper = {k: v for k, v in SHARING_PRESETS["paper"].items() if k != "share_rollouts"}
+    assert {k: defaults[k] for k in paper} == paper
+
+
+def test_the_config_expands_the_name_and_keeps_what_is_set_beside_it(tmp_path):
+    cfg = HACPOConfig(output_dir=str(tmp_path), sharing="recommended", taught_scale=1.0, **COMMON)
+    assert (cfg.sharing, cfg.peer_prompts, cfg.taught_schedule, cfg.taught_scale) == (
+        "recommended",
+        "failed",
+        "solo",
+        1,
+    )
+    assert cfg.sharing_settings().band_gate is True
+    plain = HACPOConfig(output_dir=str(tmp_path), **COMMON)
+    assert (plain.sharing, plain.share_rollouts, plain.peer_filter, plain.band_gate) == ("paper", True, "all", False)
+
+
+def test_recipe_and_command_line_expand_alike_and_an_agent_cannot_name_a_mode(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"sharing": "recommended", "agents": [{"name": "a"}, {"name": "b"}]}))
+    assert load_recipe(str(path))["peer_prompts"] == "failed"
+    flags = load_recipe(str(path), ["--sharing", "failed_prompts", "--peer_filter", "all"])
+    assert (flags["sharing"], flags["taught_scale"], flags["peer_filter"]) == ("failed_prompts", 1.0, "all")
+    path.write_text(yaml.safe_dump({"sharing": "best", "agents": [{"name": "a"}]}))
+    with pytest.raises(RecipeError, match="recipe key 'sharing': `sharing` must be one of"):
+        load_recipe(str(path))
+    agents = [{"name": "a", "overrides": {"sharing": "recommended"}}, {"name": "b"}]
+    with pytest.raises(ValueError, match="`sharing` names the run's mode; override its settings instead"):
+        resolve({"agents": agents})
+
+
+def test_the_benchmarks_preset_methods_are_the_names_settings():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+
+    schedule = {*reproduce.HACPO_SCHEDULE, *reproduce.SOLO}
+    for name, method in reproduce.PRESET_METHODS.items():
+        settings = {k: v for k, v in reproduce.METHODS[method][0].items() if k not in schedule}
+        assert settings == SHARING_CHANGES[name], name
+    assert reproduce.PRESET_METHODS["recommended"] == reproduce.RECOMMENDED
+
+
+def _plan(recipe: dict):
+    tiny = ModelDims(hidden=64, layers=2, intermediate=128, heads=4, kv_heads=4, head_dim=16, vocab=32,
+                     max_position=256, tied=True)  # fmt: skip
+    dims = {"a": tiny, "b": tiny}
+    return make_plan(recipe, dims, Launch("cpu", num_processes=2), None)
+
+
+def test_a_recipe_plus_the_preset_line_has_the_recipes_gspo_schedule_and_skips_nothing():
+    recipe = yaml.safe_load((ROOT / "recipes" / "tiny_size.yaml").read_text())
+    recipe["agents"] = [{"name": "a", "model_name_or_path": "x"}, {"name": "b", "model_name_or_path": "y"}]
+    gspo = _plan({**recipe, "sharing": "none"})
+    preset = _plan({**recipe, "sharing": "recommended"})
+    for g, p in zip(gspo.agents, preset.agents, strict=True):
+        keys = ("updates_per_generation", "steps_per_generation", "own_completions_per_rank")
+        assert {k: g.batch[k] for k in keys} == {k: p.batch[k] for k in keys}
+        assert p.batch["gspo_schedule"] and p.batch["solo_steps_per_generation"] is None
+    assert gspo.schedule["total_steps"] == preset.schedule["total_steps"] == recipe["max_steps"]
+    text = format_plan(preset)
+    assert text.count("4 optimizer updates per generation batch, as GSPO with this recipe: 16 own rows each, none skip")
+    assert "sharing: recommended (" in text and "skipped (solo_steps_per_generation" not in text
+
+
+def _records(rewards: dict[str, dict[str, list[float]]]) -> list[RolloutBatch]:
+    return [
+        RolloutBatch(agent, 0, 0, [pid for pid, rs in by_prompt.items() for _ in rs],
+                     rewards=[r for rs in by_prompt.values() for r in rs])
+        for agent, by_prompt in rewards.items()
+    ]  # fmt: skip
+
+
+# "weak" fails p1 entirely, which "strong" solves; "strong" fails p2 entirely, which "weak" solves
+RECORDS = _records({
+    "weak": {"p1": [0.0, 0.0], "p2": [1.0, 0.0], "p3": [1.0, 0.0]},
+    "strong": {"p1": [1.0, 0.0], "p2": [0.0, 0.0], "p3": [1.0, 1.0]},
+})  # fmt: skip
+# per mode, (learns_from, taught, rescued) of the weaker and of the stronger learner (capabilities 0.2 and 0.6)
+MODES = {
+    "paper": ({}, (["strong"], {}, {}), (["weak"], {}, {})),
+    "recommended": ({"sharing": "recommended"}, (["strong"], {"strong": ["p1"]}, {}), (["weak"], {"weak": ["p2"]}, {})),
+    "better": ({"peer_prompts": "better"}, (["strong"], {"strong": ["p1", "p3"]}, {}), (["weak"], {"weak": ["p2"]}, {})),
+    "gate": ({"capability_gate": 1.0}, (["strong"], {}, {}), ([], {}, {})),
+    "rescue": (
+        {"capability_gate": 1.0, "capability_gate_rescue": True}, (["strong"], {}, {}), (["weak"], {}, {"weak": ["p2"]}),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_probes_view_is_the_trainers_decision_on_the_same_batch(mode):
+    """The probe reports what `decide` decides with the batch's records, as the trainer calls it: under per-prompt
+    sharing each learner is taught the prompts it failed entirely and its peer solved (called without the records,
+    as the probe once called it, per-prompt sharing learns from no one)."""
+    settings, *expected = MODES[mode]
+    values = expand_sharing({**settings, "naive": False, "peer_clipping": True, "capability_metric": "accuracy"})
+    sharing = SharingSettings.from_values(values)
+    caps, rows = {"weak": 0.2, "strong": 0.6}, {"weak": 6, "strong": 6}
+    for learner, want in zip(("weak", "strong"), expected, strict=True):
+        decision = decide(sharing, learner, ["weak", "strong"], caps, rows, 3, 0, RECORDS, True)
+        view = learner_view(decision)
+        assert (view["learns_from"], view["taught"], view["rescued"]) == want, learner
+        assert view["learns_from"] == list(decision.involved)
+    if mode == "recommended":
+        assert rescued_prompts(RECORDS, "weak", ["strong"]) == {"strong": {"p1"}}
+        assert learner_view(decide(sharing, "weak", ["weak", "strong"], caps, rows, 3, 0))["learns_from"] == []
+
+
+def test_the_probes_band_gate_verdict_is_the_trainers_rule():
+    """A taught row counts at or above the floor, a band row inside [lb, 1]: the probe closes a peer exactly when
+    the trainer's `peers_in_band` counts none of its rows."""
+    import torch
+
+    for ratios, taught in (
+        ([0.1, 0.15], [True, True]),
+        ([0.3], [True]),
+        ([1.2, 0.5], [False, False]),
+        ([0.9], [False]),
+    ):
+        counted = peers_in_band(torch.tensor(ratios), ["p"] * len(ratios), ["p"], 0.8, taught, 0.2)["p"]
+        assert band_gate_keeps(ratios, taught, 0.8, 0.2) == (counted > 0)
+        closed = PeerDecision(("p",), taught=frozenset({"p"})).close_outside_band({"p": counted})
+        assert (not closed.solo) == band_gate_keeps(ratios, taught, 0.8, 0.2)
+    assert not band_gate_keeps([0.1, 0.15], [True, True], 0.8, 0.2) and band_gate_keeps([0.3], [True], 0.8, 0.2)
+
+
+def test_combinations_that_do_nothing_or_overlap_are_refused_with_one_line(tmp_path):
+    """`taught_ratio_floor` acts on taught rows only, and `capability_gate_rescue` would take, from a closed peer,
+    rows of the very prompts `peer_prompts: failed` already takes from every peer. `taught_schedule: solo` without
+    `solo_steps_per_generation` is not refused: it is the preset's, taught rows interleaved in the recipe's updates."""
+    with pytest.raises(ValueError, match=r"^`taught_ratio_floor: 0.3` acts on taught rows, .* taught_ratio_floor 0.2$"):
+        SharingSettings(taught_ratio_floor=0.3)
+    both = dict(capability_gate=1.0, capability_gate_rescue=True)
+    with pytest.raises(
+        ValueError, match=r"^`capability_gate_rescue` lends .* or peer_prompts 'all' to keep the rescue$"
+    ):
+        SharingSettings(peer_prompts="failed", **both)
+    with pytest.raises(ValueError, match=r"`capability_gate_rescue` lends a closed peer's rows"):
+        HACPOConfig(output_dir=str(tmp_path), sharing="recommended", **both, **COMMON)
+    assert SharingSettings(peer_prompts="better", **both).capability_gate_rescue  # different prompts: kept
+    assert SharingSettings(peer_prompts="failed", taught_schedule="solo").solo_steps_per_generation is None
