@@ -183,3 +183,10 @@ def test_combinations_that_do_nothing_or_overlap_are_refused_with_one_line(tmp_p
         HACPOConfig(output_dir=str(tmp_path), sharing="recommended", **both, **COMMON)
     assert SharingSettings(peer_prompts="better", **both).capability_gate_rescue  # different prompts: kept
     assert SharingSettings(peer_prompts="failed", taught_schedule="solo").solo_steps_per_generation is None
+
+
+def test_the_peer_rows_read_the_learners_checked_settings_over_its_config():
+    from types import SimpleNamespace
+
+    view = SharingSettings(peer_filter="correct").over(SimpleNamespace(peer_filter="all", max_reward=1.0))
+    assert (view.peer_filter, view.taught_scale, view.max_reward) == ("correct", 1.0, 1.0)

@@ -7,9 +7,11 @@ peer), re-tokenizes the peers' texts with the learner's tokenizer and decides wh
 :func:`append_peer_rows` pads them into TRL's batch layout after the self rows. Which peers and prompts enter is
 :mod:`hacpo_trl.sharing`'s decision; ``HACPOTrainer`` only glues them in.
 
-``settings`` is the agent's :class:`~hacpo_trl.config.HACPOConfig` (or any object with the same attributes): it
-reads ``peer_filter``, ``mask_truncated_completions``, ``max_completion_length``, ``capability_baseline``,
-``zero_uniform_groups``, ``max_reward``, ``capability_ratio_min`` and ``capability_ratio_max``.
+``settings`` is the learner's :class:`~hacpo_trl.sharing.SharingSettings` over its config
+(:meth:`~hacpo_trl.sharing.SharingSettings.over`; any object with the same attributes will do): it reads the sharing
+options ``peer_filter``, ``taught_scale`` and ``taught_baseline``, and the config's ``mask_truncated_completions``,
+``max_completion_length``, ``capability_baseline``, ``zero_uniform_groups``, ``max_reward``,
+``capability_ratio_min`` and ``capability_ratio_max``.
 """
 
 from __future__ import annotations

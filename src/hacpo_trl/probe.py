@@ -459,7 +459,7 @@ def _report(trainer, everyone: list[dict], records, probe_args) -> dict:
         "num_generations": trainer.num_generations,
         "max_completion_length": trainer.args.max_completion_length,
         "backend": generation_backend(trainer.args),
-        "peer_filter": trainer.args.peer_filter,
+        "peer_filter": trainer.sharing.peer_filter,
         "sharing": {e["learner"]: e["sharing"] for e in everyone},
         "sharing_options": [n for n in SHARING_OPTIONS if hasattr(trainer.args, n)],
         "band": [lb, 1.0],

@@ -190,6 +190,11 @@ class SharingSettings:
                         f"set peer_prompts 'better' or 'failed', or {name} {_shown(default)}"
                     )
 
+    def over(self, config: Any) -> _LearnerView:
+        """These settings over ``config``'s others: what :func:`~hacpo_trl.peer_rows.build_peer_rows` reads, so
+        that its sharing options come from this checked object and the rest (rewards, lengths) from the config."""
+        return _LearnerView(self, config)
+
     @classmethod
     def from_values(cls, values: Mapping[str, Any], who: str = "") -> SharingSettings:
         """A learner's settings out of a config's values (``vars(config)``, with an agent's overrides applied); a
@@ -197,6 +202,17 @@ class SharingSettings:
         band = bool(not values.get("naive") and values.get("peer_clipping"))
         chosen = {f.name: values.get(f.name, f.default) for f in fields(cls) if f.name in LEARNER_SETTINGS}
         return cls(**chosen, capability_metric=values.get("capability_metric"), band=band, who=who)
+
+
+@dataclass(frozen=True)
+class _LearnerView:
+    """A learner's :class:`SharingSettings`, then its config for any other attribute (:meth:`SharingSettings.over`)."""
+
+    sharing: SharingSettings
+    config: Any
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sharing if name in LEARNER_SETTINGS else self.config, name)
 
 
 # The per-learner settings, in the order the model card lists them; those named where a report says what else

@@ -293,7 +293,8 @@ class HACPOTrainer(GRPOTrainer):
     def _peer_rows(self, prompt_ids, rewards, by_agent, peers, only=None, weight=1.0, taught=()) -> peer_rows.PeerRows:
         """The learner's peer rows from ``peers`` (:func:`hacpo_trl.peer_rows.build_peer_rows`)."""
         records, view = peer_rows.learner_records(by_agent, self.agent, self.agent_names, peers)
-        args = (self.agent, view, self.capability.capabilities(), self.args, self._tokenizer, weight, only)
+        settings = self.sharing.over(self.args)  # the checked sharing options, the config's others
+        args = (self.agent, view, self.capability.capabilities(), settings, self._tokenizer, weight, only)
         return peer_rows.build_peer_rows(prompt_ids, rewards, records, *args, taught=taught)
 
     @torch.no_grad()

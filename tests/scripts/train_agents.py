@@ -54,7 +54,8 @@ parser.add_argument("--push", action="store_true", help="push every agent to <HF
 parser.add_argument("--other_prompts", type=int, default=-1, help="give agent i a different dataset")
 parser.add_argument("--stop_on_digits", action="store_true", help="digits are stop tokens as well as EOS")
 parser.add_argument("--fsdp", action="store_true", help="FSDP2 inside each agent's world (on CPU, see cpu_fsdp)")
-parser.add_argument("--peer_filter", default="all")
+parser.add_argument("--peer_filter", default=None, help="default: the sharing mode's ('all' for the paper's)")
+parser.add_argument("--sharing", default=None, help="the run's named sharing mode (default: the paper's rule)")
 parser.add_argument(
     "--correct_on_rank0",
     action="store_true",
@@ -137,7 +138,8 @@ args = HACPOConfig(
     save_strategy="steps" if opts.save_steps else "no",
     save_steps=opts.save_steps or 500,
     save_total_limit=opts.save_total_limit,
-    share_rollouts=not opts.no_share,
+    share_rollouts=False if opts.no_share else None,  # None: as the sharing mode says (the paper's: True)
+    sharing=opts.sharing,
     seed=0,
     exchange_timeout=opts.exchange_timeout,
     exchange_startup_timeout=opts.exchange_startup_timeout,
