@@ -580,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     report["wall_minutes"] = round(run_seconds / 60, 1)
     report["command"] = command("reproduce.py", sys.argv[1:] if argv is None else argv)
     report["recommended"] = RECOMMENDED
+    report["recommended_sharing"] = next((n for n, m in PRESET_METHODS.items() if m == RECOMMENDED), None)
     # as recipe keys on top of the paper's sharing schedule (HACPO_SCHEDULE), for re-running it elsewhere
     preset = METHODS[RECOMMENDED][0] if RECOMMENDED else {}
     report["recommended_settings"] = {k: v for k, v in preset.items() if k not in HACPO_SCHEDULE} or None

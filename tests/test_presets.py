@@ -190,3 +190,11 @@ def test_the_peer_rows_read_the_learners_checked_settings_over_its_config():
 
     view = SharingSettings(peer_filter="correct").over(SimpleNamespace(peer_filter="all", max_reward=1.0))
     assert (view.peer_filter, view.taught_scale, view.max_reward) == ("correct", 1.0, 1.0)
+
+
+def test_the_model_card_names_the_mode_and_its_settings(tmp_path):
+    from hacpo_trl.model_card import hacpo_card_section
+
+    cfg = HACPOConfig(output_dir=str(tmp_path), sharing="recommended", taught_scale=0.5, **COMMON)
+    card = hacpo_card_section(cfg, "policy", None, [], 0)
+    assert "sharing: recommended (" in card and "taught_scale 0.5 (set)" in card and '"sharing": "recommended"' in card
