@@ -39,3 +39,17 @@ def test_resume_from_checkpoint_true_on_the_command_line_is_the_newest_complete_
     complete, everyone = {2: "a/2", 4: "a/4"}, [("A", True, [2, 4], True), ("B", True, [2], True)]
     assert chosen_checkpoint(requested, "A", complete, everyone, str) == expected
     assert chosen_checkpoint("a/4", "A", complete, everyone, str) == "a/4"
+
+
+def test_the_probe_reads_the_recipe_with_its_flags_as_training_does():
+    """`hacpo-probe --sharing recommended --share_gpus true`: the recipe checks and the placement see the flags (its
+    own `--prompts` and `--output` left out), as `hacpo-train` does."""
+    from pathlib import Path
+
+    from hacpo_trl.probe import _effective_recipe
+
+    path = str(Path(__file__).resolve().parents[1] / "recipes" / "tiny_size.yaml")
+    argv = ["--config", path, "--sharing", "recommended", "--prompts", "16", "--output=p.json", "--share_gpus", "true"]
+    recipe = _effective_recipe(path, argv)
+    assert (recipe["sharing"], recipe["peer_prompts"], recipe["share_gpus"]) == ("recommended", "failed", True)
+    assert "prompts" not in recipe and "output" not in recipe and recipe["max_steps"] == 60

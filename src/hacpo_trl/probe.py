@@ -25,6 +25,7 @@ apply (from the sampled accuracies). Per agent: its accuracy on the sample and t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -287,13 +288,13 @@ def _recipe(argv: list[str]):
 
     from .bootstrap import filter_library_warnings, place  # as training sets up each process
     from .config import HACPOConfig
-    from .recipe import HACPOScriptArguments, RecipeError, check_recipe, config_path, load_recipe
+    from .recipe import HACPOScriptArguments, RecipeError, check_recipe, config_path
     from .rewards import get_reward_funcs
 
     path = config_path(argv)
     if path is None:
         raise RecipeError("hacpo-probe needs --config RECIPE")
-    recipe = load_recipe(path)
+    recipe = _effective_recipe(path, argv)
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     place(recipe, world)
     check_recipe(recipe, num_processes=world if "RANK" in os.environ else None)
@@ -301,6 +302,24 @@ def _recipe(argv: list[str]):
     parser = TrlParser((HACPOScriptArguments, HACPOConfig, ProbeArguments))
     script_args, config, probe_args = parser.parse_args_and_config(argv)
     return script_args, config, probe_args, get_reward_funcs(script_args.reward_funcs)
+
+
+def _effective_recipe(path: str, argv: list[str]) -> dict:
+    """The recipe with the command line's flags over it, as training reads it (the probe's own flags left out)."""
+    from .recipe import load_recipe
+
+    own = {f"--{f.name}" for f in dataclasses.fields(ProbeArguments)}
+    kept, i = [], 0
+    while i < len(argv):
+        if argv[i].split("=", 1)[0] in own:  # `--prompts 16` or `--prompts=16`
+            i += 1 if "=" in argv[i] else 2
+            continue
+        kept.append(argv[i])
+        i += 1
+    try:
+        return load_recipe(path, kept)
+    except ValueError:  # not plain --key value flags: the argument parser names the problem
+        return load_recipe(path)
 
 
 def _my_prompts(dataset, count: int, agent_rank: int, agent_world: int) -> list[dict]:
@@ -476,12 +495,12 @@ def _report(trainer, everyone: list[dict], records, probe_args) -> dict:
 def _launch(argv: list[str]) -> int:
     """Run bare: start the launch training would use, one process per agent process of the recipe."""
     from .placement import free_port, process_counts
-    from .recipe import RecipeError, check_recipe, config_path, load_recipe
+    from .recipe import RecipeError, check_recipe, config_path
 
     path = config_path(argv)
     if path is None:
         raise RecipeError("hacpo-probe needs --config RECIPE")
-    recipe = load_recipe(path)
+    recipe = _effective_recipe(path, argv)
     check_recipe(recipe)
     counts = process_counts(recipe) or [1]
     if len(counts) < 2:
