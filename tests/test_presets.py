@@ -198,3 +198,12 @@ def test_the_model_card_names_the_mode_and_its_settings(tmp_path):
     cfg = HACPOConfig(output_dir=str(tmp_path), sharing="recommended", taught_scale=0.5, **COMMON)
     card = hacpo_card_section(cfg, "policy", None, [], 0)
     assert "sharing: recommended (" in card and "taught_scale 0.5 (set)" in card and '"sharing": "recommended"' in card
+
+
+def test_each_learner_setting_has_one_default():
+    """A learner setting's default is SharingSettings' (the paper's, from `hacpo_trl.presets`); the config's field
+    is None where the sharing mode fills it, else the same value."""
+    config = {f.name: f.default for f in dataclasses.fields(HACPOConfig)}
+    for f in dataclasses.fields(SharingSettings):
+        expected = None if f.name in SHARING_PRESETS["paper"] else f.default
+        assert config[f.name] == expected, f.name
