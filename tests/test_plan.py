@@ -521,3 +521,14 @@ def test_plan_reads_an_agents_own_vllm_setting():
     assert a.memory["vLLM reservation"] == pytest.approx(0.3 * H100) and a.vllm["mode"] == "colocate"
     assert b.memory["vLLM reservation"] == 0.0 and not b.vllm
     assert b.memory["generation KV cache"] > 0 == a.memory["generation KV cache"]  # b generates with transformers
+
+
+def test_the_one_gpu_preset_recipe_fits_an_80_gb_card_on_gspos_schedule(hub_cache, capsys):
+    """recipes/one_gpu_qwen3_preset.yaml: both real agents on one card, the preset's taught rows inside GSPO's 2
+    updates of 32 own rows (none skipped), in forwards of 16 own + up to 16 taught rows."""
+    path = ROOT / "recipes" / "one_gpu_qwen3_preset.yaml"
+    assert plan_main(["--config", str(path), "--plan", "--gpus_per_node", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "plan: OK" in out and "sharing: recommended (" in out
+    line = "2 optimizer updates per generation batch, as GSPO with this recipe: 32 own rows each, none skipped"
+    assert out.count(line) == 2 and out.count("rows per forward pass: 32\n") == 2
