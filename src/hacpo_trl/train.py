@@ -16,7 +16,7 @@ import sys
 
 from .bootstrap import filter_library_warnings, parse_args, place, refuse, task_datasets
 from .plan import DEVICE_GIB  # what --plan assumes of an 80 GB card, quoted in --help
-from .presets import describe_sharing
+from .presets import PRESET_SETTINGS, SHARING_PRESETS, describe_sharing
 
 # Recipe reading and checking live in `hacpo_trl.recipe`; the names are re-exported here for existing callers.
 from .recipe import (
@@ -181,6 +181,10 @@ def short_help() -> str:
                         help_text = ast.literal_eval(v)
             default = ast.unparse(kw["default"]) if "default" in kw else ast.unparse(kw.get("default_factory", ""))
             default = default.removeprefix("lambda: ")
+            if node.target.id == "sharing":
+                default = "'paper'"
+            elif node.target.id in PRESET_SETTINGS:  # None: the named mode fills it in
+                default = f"{SHARING_PRESETS['paper'][node.target.id]!r}, or the `sharing` mode's"
             lines.append(f"  --{node.target.id:<28} {help_text} (default: {default})")
     return "\n".join(lines)
 
