@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from hacpo_trl import placement, train
-from hacpo_trl.checkpoints import chosen_checkpoint
+from hacpo_trl.checkpoints import chosen_checkpoint, resumed_line
 from hacpo_trl.recipe import RecipeError
 
 
@@ -39,6 +39,9 @@ def test_resume_from_checkpoint_true_on_the_command_line_is_the_newest_complete_
     complete, everyone = {2: "a/2", 4: "a/4"}, [("A", True, [2, 4], True), ("B", True, [2], True)]
     assert chosen_checkpoint(requested, "A", complete, everyone, str) == expected
     assert chosen_checkpoint("a/4", "A", complete, everyone, str) == "a/4"
+    # the run says where it continues from
+    assert resumed_line("A", "out/A/checkpoint-2", 2) == "hacpo: agent 'A' resumes from out/A/checkpoint-2 (step 2)"
+    assert resumed_line("A", None, 0) is None
 
 
 def test_the_probe_reads_the_recipe_with_its_flags_as_training_does():

@@ -148,6 +148,11 @@ def chosen_checkpoint(
     return requested or None
 
 
+def resumed_line(agent: str, checkpoint: str | None, step: int) -> str | None:
+    """What a resumed run prints once per agent: the checkpoint it continues from (None: it starts afresh)."""
+    return f"hacpo: agent {agent!r} resumes from {checkpoint} (step {step})" if checkpoint else None
+
+
 @contextmanager
 def deferred_limit(args):
     """While TRL saves a checkpoint, ``args.save_total_limit`` is None, so TRL deletes nothing; yields the limit, to

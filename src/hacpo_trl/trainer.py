@@ -452,7 +452,7 @@ class HACPOTrainer(GRPOTrainer):
         where = (self.agent, complete, everyone, self.topology.describe_rank)
         checkpoint = checkpoints.chosen_checkpoint(resume_from_checkpoint, *where)
         step = checkpoints.restore_state(checkpoint, self.agent, self.capability)
-        if checkpoint and self.accelerator.is_main_process:
-            print(f"hacpo: agent {self.agent!r} resumes from {checkpoint} (step {step})", flush=True)
+        if (line := checkpoints.resumed_line(self.agent, checkpoint, step)) and self.accelerator.is_main_process:
+            print(line, flush=True)
         checkpoints.check_same_start(self.exchange.all_gather((self.agent, step), what="resume steps"))
         return super().train(resume_from_checkpoint=checkpoint, **kwargs)
