@@ -47,6 +47,8 @@ class StandIn:
 
 
 grpo.VLLMGeneration = StandIn
+import hacpo_trl.vllm_cpu
+hacpo_trl.vllm_cpu.check = lambda *args: None  # the stand-in plays a GPU machine's server (refused on the CPU)
 tok = char_tokenizer()
 args = HACPOConfig(output_dir=sys.argv[2], use_cpu=True, bf16=False, report_to="none", use_vllm=True,
                    vllm_mode="server", vllm_importance_sampling_correction=False, per_device_train_batch_size=2,

@@ -22,6 +22,10 @@ one shape and tokenizer, each warm-started mostly on one half of ``arithmetic_tr
 column carries, or none does) to the same band of overall greedy accuracy, so that neither is stronger overall and
 each is clearly better on its own half (`HalfAgent`; the build records its accuracy per half and fails without a lead).
 
+The *vllm* pair (``PAIRS["vllm"]``), on ``arithmetic``: ``vllm-llama`` (character tokenizer, the stronger) and
+``vllm-qwen2`` (byte-level BPE), shaped for vLLM's CPU attention (head_dim 32, untied embeddings; `VllmAgent`), so
+that the vLLM path runs on CPU with agents that score from the start.
+
 Every agent is warm-started with a short supervised run on its task's ``warmup`` split (never the RL ``train`` or
 the held-out ``test`` split), until its accuracy on validation problems lies in a stated band (``BUILTIN_AGENTS``),
 so that each solves part of the task, RL has something to improve, and every machine builds agents of the same
@@ -47,7 +51,7 @@ from .cache import build_lock, cache_folder
 from .tasks import task_splits
 from .tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
 
-__all__ = ["BUILTIN_AGENTS", "PAIRS", "DemoAgent", "HalfAgent", "build_agent", "build_record"]
+__all__ = ["BUILTIN_AGENTS", "PAIRS", "DemoAgent", "HalfAgent", "VllmAgent", "build_agent", "build_record", "untrained"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,15 @@ class HalfAgent(DemoAgent):
     own_share: float = 0.9  # of its warm-up rows from its own half (the rest from the other half)
     lead: float = 0.15  # the least (own half - other half) greedy validation accuracy at build, else the build fails
     validation_size: int = 1000  # validation problems scored at each check (half of each half)
+
+
+@dataclass(frozen=True)
+class VllmAgent(DemoAgent):
+    """An agent shaped for vLLM's CPU attention, which supports head sizes 32 to 512 only (the other agents' 4 heads
+    give 8 to 24): fewer heads. A subclass, as `HalfAgent`, so that the other agents' cache folders stay as they are."""
+
+    heads: int = 2
+    kv_heads: int = 1
 
 
 # Every agent is warm-started TOWARD A BAND of validation accuracy, not for a fixed number of steps: the same steps
@@ -130,6 +143,9 @@ BUILTIN_AGENTS = {
     # on its own half (COMPLEMENT below)
     "trace-carry": HalfAgent("llama", hidden_size=64, layers=3, band=COMPLEMENT, seed=17, half="carry", **_HALVES),
     "trace-nocarry": HalfAgent("llama", hidden_size=64, layers=3, band=COMPLEMENT, seed=18, half="no_carry", **_HALVES),
+    # vllm: the model pair's architectures and tokenizers with head_dim 32, on the short-answer task (cheap to build)
+    "vllm-llama": VllmAgent("llama", hidden_size=64, layers=3, band=STRONG, seed=21),
+    "vllm-qwen2": VllmAgent("qwen2", hidden_size=64, layers=2, band=WEAK, seed=22),
 }
 
 # the paper's three kinds of heterogeneity, and the Base-vs-Instruct difference in how traces are written (style), each a
@@ -141,6 +157,8 @@ PAIRS = {
     "style": ("trace-llama", "trace-bracket"),
     # not one of the paper's kinds: two agents of one overall strength, each better on a different half of the task
     "complement": ("trace-carry", "trace-nocarry"),
+    # not one of the paper's kinds either: the pair the vLLM path is tested with on CPU
+    "vllm": ("vllm-llama", "vllm-qwen2"),
 }
 BUILD_RECORD = "hacpo_build.json"  # in each agent's folder: the steps and validation accuracy it was built to
 CACHE_VERSION = 4  # v4: trace agents to a sampled band; v3: to a band of validation accuracy (v2: fixed steps)
@@ -401,12 +419,18 @@ def build_agent(name: str, directory: str | None = None) -> str:
     return folder
 
 
+def untrained(spec: DemoAgent):
+    """``(model, tokenizer)``: the agent's architecture and tokenizer before its warm-start."""
+    tok = char_tokenizer() if spec.architecture == "llama" else bpe_tokenizer()
+    build = tiny_llama if spec.architecture == "llama" else tiny_qwen2
+    heads = {"heads": spec.heads, "kv_heads": spec.kv_heads} if isinstance(spec, VllmAgent) else {}
+    return build(tok, hidden_size=spec.hidden_size, layers=spec.layers, seed=spec.seed, **heads), tok
+
+
 def _build(name: str, spec: DemoAgent, folder: str) -> None:
     _remove_stale_builds(folder)
     torch.manual_seed(spec.seed)
-    built = char_tokenizer() if spec.architecture == "llama" else bpe_tokenizer()
-    build = tiny_llama if spec.architecture == "llama" else tiny_qwen2
-    model = build(built, hidden_size=spec.hidden_size, layers=spec.layers, seed=spec.seed)
+    model, built = untrained(spec)
     tmp = f"{folder}.tmp-{os.getpid()}-{time.time_ns()}"
     tok = _as_loaded(model, built, tmp)
     threads = torch.get_num_threads()

@@ -3,6 +3,7 @@ the model (path or instance), the base model a card names, the tokenizer and the
 
 from __future__ import annotations
 
+from . import vllm_cpu
 from .builtin import resolve_model
 from .placement import launch_engine
 
@@ -10,6 +11,7 @@ __all__ = [
     "check_batch_supported",
     "check_supported",
     "check_trainable_precision",
+    "load_dtype",
     "moe_loss_message",
     "prepare_agent",
     "resolve_agent",
@@ -51,12 +53,14 @@ def moe_loss_message(agent: str, model_class: str, router_aux_loss_coef: float) 
 def prepare_agent(args, kwargs: dict, model=None, processing_class=None, peft_config=None):
     """What `HACPOTrainer` hands TRL, checked before anything loads: :func:`check_supported`, then
     :func:`resolve_agent`'s ``(model, base_model, processing_class, peft_config)`` for ``args.agent_spec``, refused by
-    :func:`check_trainable_precision` where it could not learn."""
+    :func:`check_trainable_precision` where it could not learn and by :func:`hacpo_trl.vllm_cpu.check` where vLLM on
+    the CPU could not generate with it."""
     check_supported(args, kwargs)
     model, base_model, processing_class, peft_config = resolve_agent(
         args.agent_spec, model, processing_class, peft_config
     )
     check_trainable_precision(args, model, peft_config, args.agent_spec.name)
+    vllm_cpu.check(args, model, args.agent_spec.name)
     return model, base_model, processing_class, peft_config
 
 
@@ -88,7 +92,7 @@ def resolve_agent(spec, model=None, processing_class=None, peft_config=None):
     return model, base_model, processing_class, peft_config
 
 
-def _load_dtype(model, args):
+def load_dtype(model, args):
     """The dtype the trainable weights will have after TRL loads ``model`` (a path or an instance), or None when
     it cannot be told without loading."""
     import torch
@@ -118,7 +122,7 @@ def check_trainable_precision(args, model, peft_config, agent: str) -> None:
 
     if peft_config is not None or launch_engine(args) is not None:
         return
-    dtype = _load_dtype(model, args)
+    dtype = load_dtype(model, args)
     if dtype not in (torch.bfloat16, torch.float16):
         return
     name = str(dtype).removeprefix("torch.")

@@ -60,18 +60,14 @@ def model_config(name_or_path: str) -> dict:
 
 def _builtin_config(name: str) -> dict:
     """The demo agent's architecture, from an untrained copy (tiny: no warm start, nothing cached)."""
-    from .demo import BUILTIN_AGENTS
+    from .demo import BUILTIN_AGENTS, untrained
     from .shapes import SHAPES, shape_config
-    from .tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
 
     if name in SHAPES:
         return shape_config(name).to_dict()
     if name not in BUILTIN_AGENTS:
         raise ValueError(f"unknown built-in agent {name!r}; available: {sorted(BUILTIN_AGENTS)}")
-    spec = BUILTIN_AGENTS[name]
-    tok = char_tokenizer() if spec.architecture == "llama" else bpe_tokenizer()
-    build = tiny_llama if spec.architecture == "llama" else tiny_qwen2
-    return build(tok, hidden_size=spec.hidden_size, layers=spec.layers, seed=spec.seed).config.to_dict()
+    return untrained(BUILTIN_AGENTS[name])[0].config.to_dict()
 
 
 def _trl_fuses_lm_head() -> bool:

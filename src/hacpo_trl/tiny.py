@@ -94,15 +94,22 @@ def _finish(model: PreTrainedModel, tok: PreTrainedTokenizerFast) -> PreTrainedM
     return model
 
 
-def tiny_llama(tok: PreTrainedTokenizerFast, hidden_size: int = 16, layers: int = 2, seed: int = 0) -> LlamaForCausalLM:
+def tiny_llama(
+    tok: PreTrainedTokenizerFast,
+    hidden_size: int = 16,
+    layers: int = 2,
+    seed: int = 0,
+    heads: int = 4,
+    kv_heads: int = 2,
+) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tok),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=512,
         pad_token_id=tok.pad_token_id,
         eos_token_id=tok.eos_token_id,
@@ -112,15 +119,22 @@ def tiny_llama(tok: PreTrainedTokenizerFast, hidden_size: int = 16, layers: int 
     return _finish(LlamaForCausalLM(config), tok)
 
 
-def tiny_qwen2(tok: PreTrainedTokenizerFast, hidden_size: int = 16, layers: int = 2, seed: int = 0) -> Qwen2ForCausalLM:
+def tiny_qwen2(
+    tok: PreTrainedTokenizerFast,
+    hidden_size: int = 16,
+    layers: int = 2,
+    seed: int = 0,
+    heads: int = 4,
+    kv_heads: int = 2,
+) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tok),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=512,
         pad_token_id=tok.pad_token_id,
         eos_token_id=tok.eos_token_id,

@@ -18,7 +18,7 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
-from . import checkpoints, exchange, loading, metrics, padding, peer_loss, peer_rows, schedule, updates
+from . import checkpoints, exchange, loading, metrics, padding, peer_loss, peer_rows, schedule, updates, vllm_cpu
 from .algorithm import CapabilityTracker
 from .config import HACPOConfig
 from .exchange import PROMPT_ID_COLUMN, RolloutBatch
@@ -63,6 +63,7 @@ class HACPOTrainer(GRPOTrainer):
         agent = loading.prepare_agent(args, kwargs, model, processing_class, peft_config)
         model, self._base_model, processing_class, peft_config = agent
         use_agent_engine_seeds()  # each agent's vLLM engines sample with their own seeds
+        vllm_cpu.use_cpu_engine(args, model)  # vLLM's CPU build: eager, in the model's dtype
         train_dataset, eval_dataset = exchange.with_prompt_ids(train_dataset), exchange.with_prompt_ids(eval_dataset)
         kwargs.update(train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=processing_class)
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, peft_config=peft_config, **kwargs)
@@ -71,6 +72,7 @@ class HACPOTrainer(GRPOTrainer):
             f if isinstance(f, torch.nn.Module) else guard_reward(f, "training", hidden=(PROMPT_ID_COLUMN,))
             for f in self.reward_funcs
         ]
+        vllm_cpu.use_cpu_sync(getattr(self, "vllm_generation", None))
         self.agent, self.agent_names = args.agent_spec.name, [s.name for s in args.specs]
         if args.share_rollouts and self.aux_loss_enabled:
             raise ValueError(loading.moe_loss_message(self.agent, type(self.model).__name__, self.router_aux_loss_coef))

@@ -10,7 +10,7 @@ data, stays shared. Server mode takes its seed from each server's command line (
 
 from __future__ import annotations
 
-__all__ = ["engine_seed_offset", "use_agent_engine_seeds"]
+__all__ = ["engine_seed_offset", "use_agent_engine_seeds", "wrap_engine"]
 
 
 def engine_seed_offset(topology) -> int:
@@ -20,22 +20,38 @@ def engine_seed_offset(topology) -> int:
     return sum(topology.process_counts[: topology.agent_index])
 
 
-def use_agent_engine_seeds() -> None:
-    """Make TRL's colocated engines (built in `GRPOTrainer.__init__`) use this process's agent offset. Idempotent;
-    a no-op when vLLM is not installed."""
+def wrap_engine(name: str, update) -> None:
+    """Pass the keyword arguments of TRL's colocated engines (``vllm_generation.LLM``, built in
+    `GRPOTrainer.__init__`) through ``update`` (kwargs -> kwargs). One wrapper holds every update by name, so a second
+    call with a name replaces that update instead of stacking it; a no-op when vLLM is not installed."""
     try:
         from trl.generation import vllm_generation
     except ImportError:
         return
-    original = getattr(vllm_generation, "LLM", None)
-    if original is None or getattr(original, "_hacpo_agent_seeds", False):
+    llm = getattr(vllm_generation, "LLM", None)
+    if llm is None:
         return
+    updates = getattr(llm, "_hacpo_updates", None)
+    if updates is None:
+        original, updates = llm, {}
 
-    def llm(*args, **kwargs):
-        from .topology import current_topology
+        def llm(*args, **kwargs):
+            for step in updates.values():
+                kwargs = step(kwargs)
+            return original(*args, **kwargs)
 
-        kwargs["seed"] = (kwargs.get("seed") or 0) + engine_seed_offset(current_topology())
-        return original(*args, **kwargs)
+        llm._hacpo_updates = updates
+        vllm_generation.LLM = llm
+    updates[name] = update
 
-    llm._hacpo_agent_seeds = True
-    vllm_generation.LLM = llm
+
+def _agent_seed(kwargs: dict) -> dict:
+    from .topology import current_topology
+
+    return {**kwargs, "seed": (kwargs.get("seed") or 0) + engine_seed_offset(current_topology())}
+
+
+def use_agent_engine_seeds() -> None:
+    """Make TRL's colocated engines use this process's agent offset. Idempotent; a no-op when vLLM is not
+    installed."""
+    wrap_engine("seed", _agent_seed)
