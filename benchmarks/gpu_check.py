@@ -15,6 +15,10 @@ rest), peak reserved and allocated memory against the plan, and, with two recipe
 (``share_rollouts: false``), HACPO's time per generation batch over GSPO's. Output: ``benchmarks/gpu_check/<recipe>.json``
 and a section of ``benchmarks/RESULTS.md``.
 
+``--vllm`` (``make gpu-check GPU_CHECK_VLLM=1``) runs each recipe with ``use_vllm: true`` and ``vllm_mode:
+colocate``, planned the same way; it needs the `vllm` package (the CUDA distribution; vLLM's CPU build does not
+count) and exits 2 with one line without it.
+
 Without a CUDA GPU it exits 2 with one line; the arithmetic (`make_report`, `compare`) is tested on CPU with
 measurements fed in (tests/test_gpu_check.py).
 """
@@ -58,6 +62,22 @@ def worst_case_recipe(
         "push_to_hub": False,
         "output_dir": output_dir,
     }
+
+
+def with_vllm(recipe: dict) -> dict:
+    """The recipe generating with a colocated vLLM engine per agent process."""
+    return {**recipe, "use_vllm": True, "vllm_mode": "colocate"}
+
+
+def vllm_missing() -> str | None:
+    """Why ``--vllm`` cannot run here (one line), or None: it needs the `vllm` distribution itself."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("vllm")
+    except PackageNotFoundError:
+        return "gpu_check: --vllm needs the vllm package on the GPU machine (pip install -e '.[vllm]'); it is not installed"
+    return None
 
 
 def seconds_of(times: dict[str, list[float]]) -> dict[str, float]:
@@ -233,19 +253,21 @@ def _worker(out_dir: str, argv: list[str]) -> int:
 # ------------------------------------------------------------------------------------------------------ main
 
 
-def _measure(config: str, accelerate_config: str, generation_batches: int, device_gib: float) -> tuple[dict, list]:
+def _measure(
+    config: str, accelerate_config: str, generation_batches: int, device_gib: float, vllm: bool = False
+) -> tuple[dict, list]:
     """Launch one recipe; its plan, report and table lines."""
     import yaml
 
     from hacpo_trl.plan_cli import build_plan
     from hacpo_trl.recipe import load_recipe
 
-    plan = build_plan(load_recipe(config), accelerate_config, device_gib)
-    name = Path(config).stem
+    base = with_vllm(load_recipe(config)) if vllm else load_recipe(config)
+    plan = build_plan(base, accelerate_config, device_gib)
+    name = Path(config).stem + ("+vllm" if vllm else "")
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         recipe = worst_case_recipe(
-            load_recipe(config), plan.agents[0].batch["updates_per_generation"], os.path.join(tmp, "run"),
-            generation_batches,
+            base, plan.agents[0].batch["updates_per_generation"], os.path.join(tmp, "run"), generation_batches,
         )  # fmt: skip
         recipe_path = os.path.join(tmp, f"{name}.yaml")
         with open(recipe_path, "w") as f:
@@ -260,6 +282,7 @@ def _measure(config: str, accelerate_config: str, generation_batches: int, devic
                 measurements.append(json.load(f))
     report, lines = make_report(plan, measurements, name)
     report["shares_rollouts"] = bool(recipe.get("share_rollouts", True))
+    report["name"] = name
     return report, lines
 
 
@@ -273,7 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generation_batches", type=int, default=1, help="generation batches per recipe")
     parser.add_argument("--output_dir", default=str(HERE / "gpu_check"), help="where each recipe's JSON goes")
     parser.add_argument("--results", default=str(HERE / "RESULTS.md"), help="the markdown file to add the table to")
+    parser.add_argument("--vllm", action="store_true", help="generate with a colocated vLLM engine (the vllm package)")
     args = parser.parse_args(argv)
+    if args.vllm and (why := vllm_missing()):
+        print(why, file=sys.stderr)
+        return 2
 
     import torch
 
@@ -290,8 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     reports: dict[str, dict] = {}
     lines: list[str] = []
     for config in args.config:
-        name = Path(config).stem
-        report, table = _measure(config, args.accelerate_config, args.generation_batches, device_gib)
+        report, table = _measure(config, args.accelerate_config, args.generation_batches, device_gib, args.vllm)
+        name = report["name"]
         report["device"] = device
         reports[name] = report
         lines += [*table, ""]

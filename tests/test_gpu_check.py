@@ -203,3 +203,19 @@ def test_a_rank_is_placed_before_the_instrumentation_imports_trl(tmp_path):
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0 and (tmp_path / "seen.json").exists(), proc.stderr[-3000:]
     assert json.loads((tmp_path / "seen.json").read_text()) == {"CUDA_VISIBLE_DEVICES": "1"}
+
+
+def test_vllm_mode_without_the_vllm_package_exits_2_with_one_line(monkeypatch, capsys):
+    """`make gpu-check GPU_CHECK_VLLM=1` measures with the real `vllm` (the CUDA distribution): without it, one line
+    and exit 2, before anything else; with it, each recipe runs with one colocated engine per agent process."""
+    from importlib import metadata
+
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: (_ for _ in ()).throw(metadata.PackageNotFoundError(name))
+                        if name == "vllm" else real(name))  # fmt: skip
+    code = gpu_check.main(["--config", "recipes/one_gpu_qwen3_shapes.yaml", "--accelerate_config", "a.yaml", "--vllm"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--vllm needs the vllm package" in err
+    recipe = gpu_check.with_vllm(load_recipe(str(ROOT / "recipes" / "one_gpu_qwen3_shapes.yaml")))
+    assert recipe["use_vllm"] is True and recipe["vllm_mode"] == "colocate"
+    assert gpu_check.worst_case_recipe(recipe, 4, "out")["generation_kwargs"]["min_tokens"] > 0  # vLLM's setting
