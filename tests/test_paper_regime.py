@@ -134,7 +134,7 @@ def test_a_killed_build_leaves_nothing_behind_for_the_next_one(tmp_path):
 
 def test_pairs_name_builtin_agents_of_the_four_kinds():
     agents = demo.BUILTIN_AGENTS
-    assert set(demo.PAIRS) == {"state", "size", "model", "style", "complement"}
+    assert set(demo.PAIRS) == {"state", "size", "model", "style", "complement", "vllm"}
     strong, weak = (agents[n] for n in demo.PAIRS["state"])
     assert (strong.architecture, strong.hidden_size, strong.layers, strong.seed) == (
         weak.architecture, weak.hidden_size, weak.layers, weak.seed,
@@ -175,7 +175,8 @@ def test_the_complement_pair_differs_only_in_the_half_it_is_warm_started_on():
         assert own == 2000 and len(rows) - own == round(2000 / 9)  # 90% own half
         assert len(demo.validation_rows(spec.task, spec.validation_size)) == 1000
     # the other agents' specs (and so their cache folders) are unchanged by the subclass
-    assert all(type(s) is demo.DemoAgent for n, s in demo.BUILTIN_AGENTS.items() if n not in demo.PAIRS["complement"])
+    others = [s for n, s in demo.BUILTIN_AGENTS.items() if n not in demo.PAIRS["complement"] + demo.PAIRS["vllm"]]
+    assert all(type(s) is demo.DemoAgent for s in others)
     assert len(demo.warmup_rows(demo.BUILTIN_AGENTS["trace-base"])) == 4000
 
 
