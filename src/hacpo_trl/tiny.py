@@ -94,16 +94,18 @@ def _finish(model: PreTrainedModel, tok: PreTrainedTokenizerFast) -> PreTrainedM
     return model
 
 
-def tiny_llama(
-    tok: PreTrainedTokenizerFast,
+def _tiny(
+    config_class,
+    model_class,
+    tok,
     hidden_size: int = 16,
     layers: int = 2,
     seed: int = 0,
     heads: int = 4,
     kv_heads: int = 2,
-) -> LlamaForCausalLM:
+) -> PreTrainedModel:
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    config = config_class(
         vocab_size=len(tok),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
@@ -116,29 +118,14 @@ def tiny_llama(
         bos_token_id=None,
         tie_word_embeddings=False,
     )
-    return _finish(LlamaForCausalLM(config), tok)
+    return _finish(model_class(config), tok)
 
 
-def tiny_qwen2(
-    tok: PreTrainedTokenizerFast,
-    hidden_size: int = 16,
-    layers: int = 2,
-    seed: int = 0,
-    heads: int = 4,
-    kv_heads: int = 2,
-) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=512,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-    )
-    return _finish(Qwen2ForCausalLM(config), tok)
+def tiny_llama(tok: PreTrainedTokenizerFast, **shape) -> LlamaForCausalLM:
+    """``shape``: ``hidden_size`` (16), ``layers`` (2), ``seed`` (0), ``heads`` (4), ``kv_heads`` (2)."""
+    return _tiny(LlamaConfig, LlamaForCausalLM, tok, **shape)
+
+
+def tiny_qwen2(tok: PreTrainedTokenizerFast, **shape) -> Qwen2ForCausalLM:
+    """As :func:`tiny_llama`."""
+    return _tiny(Qwen2Config, Qwen2ForCausalLM, tok, **shape)
