@@ -73,11 +73,14 @@ overhead: $(VENV)/.installed
 # On one GPU: the one-GPU recipe on the Qwen3-4B / 1.7B-shaped stand-ins, GSPO then HACPO, 3 generation batches each
 # with completions forced to 512 tokens -> time split, peak memory against --plan, HACPO/GSPO time per batch
 # (benchmarks/gpu_check/, benchmarks/RESULTS.md). Without a GPU it exits 2 with one line. Needs trl, datasets and
-# math-verify next to a CUDA torch (`pip install -e .` where the GPU is).
+# math-verify next to a CUDA torch (`pip install -e .` where the GPU is). GPU_CHECK_VLLM=1: the same recipes generating
+# with a colocated vLLM engine per agent (needs `pip install -e '.[vllm]'`; exits 2 with one line without it).
 GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+GPU_CHECK_VLLM ?=
 gpu-check:
 	$(GPU_PYTHON) benchmarks/gpu_check.py --accelerate_config accelerate_configs/one_gpu_2agents.yaml \
-		--config recipes/one_gpu_qwen3_shapes_gspo.yaml --config recipes/one_gpu_qwen3_shapes.yaml --generation_batches 3
+		--config recipes/one_gpu_qwen3_shapes_gspo.yaml --config recipes/one_gpu_qwen3_shapes.yaml --generation_batches 3 \
+		$(if $(GPU_CHECK_VLLM),--vllm)
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -94,6 +97,12 @@ test:
 # One worker: two gained a tenth while the cores were otherwise free and lost time while other work kept them busy.
 test-fast:
 	$(BIN)/python -m pytest tests -m "not launch"
+
+# The vLLM path's tests on the CPU (`make install-vllm` first): four two-agent launches, each agent with its own
+# colocated engine of vLLM's CPU build (fails at once when that venv has no vLLM, rather than skipping).
+test-vllm:
+	$(VLLM_VENV)/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)" 2>/dev/null || { echo "make test-vllm: no vLLM in $(VLLM_VENV); run make install-vllm" >&2; exit 2; }
+	$(VLLM_VENV)/bin/python -m pytest tests/test_vllm.py tests/test_vllm_cpu.py --durations 10
 
 lint:
 	$(BIN)/ruff check src tests
