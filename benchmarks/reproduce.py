@@ -82,8 +82,14 @@ LAUNCH_CONFIGS = {"cpu": "cpu_2agents.yaml", "cuda": "one_gpu_2agents.yaml"}
 RECOMMENDED: str | None = "HACPO correct + failed-prompt floor 0.2 + taught scale 0.25 + GSPO solo schedule + band gate"
 PREVIOUS_PRESET = "HACPO correct + failed-prompt floor 0.2 + GSPO solo schedule + band gate"
 FORMER_PRESET = "HACPO correct + gate 1.0 at 95% confidence + GSPO solo updates + band gate"
+# rule 17's candidates (issue 45)
+CAPPED = "HACPO correct + failed-prompt floor 0.2 + taught cap 3 + GSPO solo schedule + band gate"
+CAPPED_ALMOST_FAILED = (
+    "HACPO correct + failed-prompt floor 0.2 + failed rate 0.125 + taught cap 3 + GSPO solo schedule + band gate"
+)
 # the recipe's `sharing:` name of each (`hacpo_trl.presets`; their settings here are the names' plus the schedule)
-PRESET_METHODS = {"recommended": RECOMMENDED, "failed_prompts": PREVIOUS_PRESET, "confident_gate": FORMER_PRESET}
+PRESET_METHODS = {"recommended": RECOMMENDED, "failed_prompts": PREVIOUS_PRESET, "confident_gate": FORMER_PRESET,
+                  "capped_taught": CAPPED, "capped_almost_failed": CAPPED_ALMOST_FAILED}  # fmt: skip
 
 # name -> (recipe overrides, own rollouts per prompt and step, optimizer updates per generation batch)
 # (string values may name "{stronger}", the pair's stronger agent, or "{run}", the run's optimizer steps)
@@ -197,6 +203,18 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
         )
         for scale in (0.5, 0.25)
     },
+    # taught rows at full weight while few, damped when many: a batch's taught rows weigh at most 3 rows' worth
+    # (rule 17), and the same also on the prompts the learner solved at most once in 8
+    CAPPED: (
+        {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
+         "taught_cap": 3, **SOLO, "band_gate": True, **HACPO_SCHEDULE},
+        8, 4,
+    ),
+    CAPPED_ALMOST_FAILED: (
+        {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
+         "taught_cap": 3, "taught_failed_rate": 0.125, **SOLO, "band_gate": True, **HACPO_SCHEDULE},
+        8, 4,
+    ),
 }  # fmt: skip
 METHODS |= CANDIDATES
 # the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset

@@ -82,6 +82,7 @@ def settings(**overrides):
         peer_filter="all",
         taught_baseline="joint",
         taught_scale=1.0,
+        taught_cap=0,
         mask_truncated_completions=True,
         max_completion_length=12,
         capability_baseline=True,

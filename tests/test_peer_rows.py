@@ -7,7 +7,7 @@ import torch
 
 from hacpo_trl.algorithm import capability_aware_advantages
 from hacpo_trl.exchange import RolloutBatch
-from hacpo_trl.peer_rows import append_peer_rows, build_peer_rows, self_prompt_tokens
+from hacpo_trl.peer_rows import append_peer_rows, build_peer_rows, self_prompt_tokens, taught_cap_factor
 from hacpo_trl.tiny import char_tokenizer
 from helpers import BPE, CAPS, LONG, NAN, SELF_IDS, SELF_REWARDS, records, settings
 
@@ -188,7 +188,7 @@ def test_learner_records_keep_the_learner_and_its_peers_only():
     assert learner_records(by_agent, "A", ["A", "B", "C"], ["D"])[1] == ["A"]  # a peer without records adds nothing
 
 
-def _taught_and_rescued(taught_baseline: str, taught_scale: float = 1.0):
+def _taught_and_rescued(taught_baseline: str, taught_scale: float = 1.0, **overrides):
     """Learner A on three prompts: q0 failed by A and solved by C, q1 solved once by A and twice by C (C teaches
     both), q2 failed by A and solved by B, a peer that rescues it without teaching (not in ``taught``)."""
 
@@ -203,7 +203,7 @@ def _taught_and_rescued(taught_baseline: str, taught_scale: float = 1.0):
     b = batch("B", 2, [("q2", 1.0), ("q2", 0.0)])
     ids, rewards = [p for p, _ in own_rows], torch.tensor([r for _, r in own_rows])
     only = {"C": {"q0", "q1"}, "B": {"q2"}}
-    chosen = settings(taught_baseline=taught_baseline, taught_scale=taught_scale)
+    chosen = settings(taught_baseline=taught_baseline, taught_scale=taught_scale, **overrides)
     return build_peer_rows(ids, rewards, [own, c, b], "A", ["A", "B", "C"], CAPS, chosen, BPE, 1.0, only, {"C"})
 
 
@@ -231,3 +231,49 @@ def test_taught_scale_multiplies_the_taught_rows_advantages_only():
     assert quarter.advantages == pytest.approx(full.advantages[:2] + [a / 4 for a in full.advantages[2:]])
     assert quarter.advantages[2] == pytest.approx((1 - 0.1) / (math.sqrt(0.2) + 1e-6) / 4)  # C's correct row on q0
     assert torch.equal(quarter.self_advantages, full.self_advantages)
+
+
+def test_taught_cap_damps_many_taught_rows_and_keeps_a_few_at_full_weight():
+    """`taught_cap: K`: C teaches q0 and q1 with 4 rows (q0 1, 0; q1 1, 1), so K = 2 halves each taught row's
+    advantage, K = 4 or more leaves them whole; with `peer_filter: correct` 3 rows count (K = 2: two thirds). B's
+    rescued rows, every own row and the baseline are untouched; the factor multiplies `taught_scale`'s."""
+    full = _taught_and_rescued("joint")
+    taught = full.advantages[2:]  # C's rows (B's two come first)
+    half = _taught_and_rescued("joint", taught_cap=2)
+    assert half.advantages[:2] == full.advantages[:2] and torch.equal(half.self_advantages, full.self_advantages)
+    assert half.advantages[2:] == pytest.approx([a / 2 for a in taught])
+    assert half.advantages[2] == pytest.approx((1 - 0.1) / (math.sqrt(0.2) + 1e-6) / 2)  # C's correct row on q0
+    assert _taught_and_rescued("joint", taught_cap=4).advantages == full.advantages
+    assert _taught_and_rescued("joint", taught_cap=8.5).advantages == full.advantages
+    both = _taught_and_rescued("joint", 0.25, taught_cap=1)
+    assert both.advantages[2:] == pytest.approx([a / 16 for a in taught])  # 0.25 x min(1, 1 / 4)
+    correct = _taught_and_rescued("joint", peer_filter="correct", taught_cap=2)
+    kept = _taught_and_rescued("joint", peer_filter="correct")
+    assert correct.sources == ["B", "C", "C", "C"]  # the 0-reward rows filtered out
+    assert correct.advantages == pytest.approx(kept.advantages[:1] + [a * 2 / 3 for a in kept.advantages[1:]])
+
+
+def test_taught_cap_counts_the_batchs_taught_rows_over_every_rank():
+    """n counts the taught peers' rows on their taught prompts in every rank's records (this process's prompts or
+    not), leaving out rows with a non-finite reward or old log-prob and, with 'correct', rows without a positive
+    reward; untaught peers and the learner's own rows never count. No cap, or no taught row: 1."""
+
+    def batch(agent, rank, pids, rewards, logps=None):
+        n = len(pids)
+        return RolloutBatch(agent, rank, 0, pids, ["7"] * n, rewards, logps or [-1.0] * n, [2] * n, [True] * n)
+
+    records = [
+        batch("A", 0, ["q0", "q1"], [0.0, 0.0]),
+        batch("C", 1, ["q0", "q0", "q1"], [1.0, 0.0, 1.0]),
+        batch("C", 2, ["q1", "q2", "q0"], [1.0, 1.0, NAN]),  # another rank of C; q2 is not taught
+        batch("C", 3, ["q0"], [1.0], [NAN]),
+        batch("B", 4, ["q0", "q1"], [1.0, 1.0]),  # B rescues, it does not teach
+    ]
+    only = {"C": {"q0", "q1"}, "B": {"q0", "q1"}}
+    # counted: C's q0 1.0, q0 0.0, q1 1.0 (rank 1) and q1 1.0 (rank 2): n = 4
+    assert taught_cap_factor(records, {"C"}, only, settings(taught_cap=1)) == 0.25
+    assert taught_cap_factor(records, {"C"}, only, settings(taught_cap=3, peer_filter="correct")) == 1.0  # n = 3
+    assert taught_cap_factor(records, {"C"}, only, settings(taught_cap=1.5, peer_filter="correct")) == 0.5
+    assert taught_cap_factor(records, {"C"}, {}, settings(taught_cap=1)) == 0.2  # every prompt of C's: q2 too
+    assert taught_cap_factor(records, {"C"}, only, settings(taught_cap=0)) == 1.0
+    assert taught_cap_factor(records, set(), only, settings(taught_cap=1)) == 1.0

@@ -73,6 +73,19 @@ def test_recipe_and_command_line_expand_alike_and_an_agent_cannot_name_a_mode(tm
         resolve({"agents": agents})
 
 
+def test_the_candidates_of_rule_17_are_the_recommended_preset_with_the_cap_and_the_rate():
+    """`capped_taught` is `recommended` at full weight with `taught_cap: 3`; `capped_almost_failed` adds
+    `taught_failed_rate: 0.125`; each makes a learner's checked settings, and the card line names what it changes."""
+    recommended, capped = SHARING_PRESETS["recommended"], SHARING_PRESETS["capped_taught"]
+    assert capped == {**recommended, "taught_scale": 1.0, "taught_cap": 3}
+    assert SHARING_PRESETS["capped_almost_failed"] == {**capped, "taught_failed_rate": 0.125}
+    values = {**expand_sharing({"sharing": "capped_almost_failed"}), "naive": False, "peer_clipping": True}
+    settings = SharingSettings.from_values({**values, "capability_metric": "accuracy"})
+    assert (settings.taught_cap, settings.taught_failed_rate, settings.taught_scale) == (3, 0.125, 1.0)
+    assert describe_sharing(values).endswith("taught_cap 3, taught_failed_rate 0.125, band_gate true")
+    assert SHARING_PRESETS["paper"]["taught_cap"] == 0 and SHARING_PRESETS["paper"]["taught_failed_rate"] == 0
+
+
 def test_the_benchmarks_preset_methods_are_the_names_settings():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import reproduce

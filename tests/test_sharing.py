@@ -15,6 +15,7 @@ from hacpo_trl.sharing import (
     PeerDecision,
     SharingSettings,
     decide,
+    rescued_prompts,
 )
 
 AGENTS = ["A", "B", "C"]
@@ -53,7 +54,8 @@ def test_the_settings_are_the_lists_other_modules_read():
     assert LEARNER_SETTINGS == (
         "peer_filter", "learn_from", "capability_gate", "capability_gate_warmup", "capability_gate_confidence",
         "capability_gate_rescue", "peer_fade_steps", "solo_steps_per_generation", "skip_empty_updates", "band_gate",
-        "peer_prompts", "taught_ratio_floor", "taught_schedule", "taught_baseline", "taught_scale",
+        "peer_prompts", "taught_ratio_floor", "taught_schedule", "taught_baseline", "taught_scale", "taught_cap",
+        "taught_failed_rate",
     )  # fmt: skip
     start = CARD_SETTINGS.index("peer_filter")
     assert CARD_SETTINGS[start : start + len(LEARNER_SETTINGS)] == LEARNER_SETTINGS
@@ -67,7 +69,7 @@ def test_settings_from_a_configs_values_take_the_learner_fields_and_check_them_i
     values.update(capability_gate_warmup=2, capability_gate_confidence=0.0, capability_gate_rescue=True)
     values.update(peer_fade_steps=0, band_gate=False, naive=False, peer_clipping=True, capability_metric="accuracy")
     values.update(peer_prompts="all", taught_ratio_floor=0.2, taught_schedule="sharing", taught_baseline="joint")
-    values.update(taught_scale=1.0)
+    values.update(taught_scale=1.0, taught_cap=0, taught_failed_rate=0.0)
     settings = SharingSettings.from_values(values)
     assert (settings.peer_filter, settings.learn_from, settings.capability_gate_warmup) == ("correct", "B", 2)
     with pytest.raises(ValueError, match=r"^agent 'a': `band_gate` closes a peer .* no band"):
@@ -279,3 +281,39 @@ def test_taught_schedule_solo_keeps_a_batch_of_taught_rows_on_the_solo_schedule(
     with pytest.raises(ValueError, match=r"`taught_scale: 0.5` acts on taught rows, .* or taught_scale 1$"):
         _settings(taught_scale=0.5)
     assert _settings(peer_prompts="failed", taught_scale=0.5).taught_scale == 0.5
+
+
+def test_taught_failed_rate_counts_a_prompt_solved_at_most_that_often_as_failed():
+    """`taught_failed_rate: 0.125`: A solved q0 once in 8 (a rate of 1/8, now failed), q1 twice (2/8, not), q2 never
+    (failed at any rate), and q3 once in 4 scored completions (1/4: its 4 unscorable ones do not count). B solved
+    each once, so it teaches q0 and q2; at 0 (the default) q2 alone, as before."""
+    nan = float("nan")
+    records = _records({
+        "A": [("q0", 1.0)] + [("q0", 0.0)] * 7 + [("q1", 1.0)] * 2 + [("q1", 0.0)] * 6 + [("q2", 0.0)] * 8
+        + [("q3", 1.0)] + [("q3", 0.0)] * 3 + [("q3", nan)] * 4,
+        "B": [(q, 1.0) for q in ("q0", "q1", "q2", "q3")],
+        "C": [(q, 0.0) for q in ("q0", "q1", "q2", "q3")],
+    })  # fmt: skip
+    assert rescued_prompts(records, "A", ["B", "C"], 0.125) == {"B": {"q0", "q2"}, "C": set()}
+    assert rescued_prompts(records, "A", ["B", "C"]) == {"B": {"q2"}, "C": set()}
+    assert rescued_prompts(records, "A", ["B"], 0.25) == {"B": {"q0", "q1", "q2", "q3"}}
+    wide = decide(_settings(peer_prompts="failed", taught_failed_rate=0.125), "A", AGENTS, CAPS, ROWS, 0, 0, records)
+    assert wide.open == ("B",) and wide.prompts == {"B": frozenset({"q0", "q2"})} and wide.taught == {"B"}
+    assert decide(_settings(peer_prompts="failed"), "A", AGENTS, CAPS, ROWS, 0, 0, records).prompts["B"] == {"q2"}
+    for rate in (-0.1, 1, 1.5, True, "0.1"):
+        with pytest.raises(ValueError, match=r"`taught_failed_rate` must be a number in \[0, 1\), got "):
+            _settings(peer_prompts="failed", taught_failed_rate=rate)
+    for prompts in ("all", "better"):
+        with pytest.raises(ValueError, match=rf"is '{prompts}': set peer_prompts 'failed', or taught_failed_rate 0$"):
+            _settings(peer_prompts=prompts, taught_failed_rate=0.125)
+
+
+def test_taught_cap_is_checked_with_the_other_taught_settings():
+    assert _settings(peer_prompts="failed", peer_filter="correct", taught_cap=4).taught_cap == 4
+    for cap in (-1, float("inf"), float("nan"), True, "4"):
+        with pytest.raises(ValueError, match=r"`taught_cap` must be a finite number >= 0 \(0: no cap\), got "):
+            _settings(peer_prompts="failed", taught_cap=cap)
+    with pytest.raises(ValueError, match=r"`taught_cap: 4` acts on taught rows, .* or taught_cap 0$"):
+        _settings(taught_cap=4)
+    with pytest.raises(ValueError, match=r"`peer_filter: positive` picks rows by advantage: .* or taught_cap 0$"):
+        _settings(peer_prompts="failed", peer_filter="positive", taught_cap=4)

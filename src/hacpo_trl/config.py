@@ -114,7 +114,9 @@ class HACPOConfig(GRPOConfig):
             recipe plus this line makes GSPO's optimizer steps. `"none"`: `share_rollouts: false` (GSPO).
             `"failed_prompts"`: the previous preset (`recommended` with `taught_scale: 1`); `"confident_gate"`: the
             former one (`peer_filter: correct`, `capability_gate: 1`, `capability_gate_confidence: 0.95`,
-            `band_gate: true`; an open peer takes the paper's schedule). `--plan`, `hacpo-probe`, the model card
+            `band_gate: true`; an open peer takes the paper's schedule). The benchmark's candidates of rule 17:
+            `"capped_taught"` (`recommended` with `taught_scale: 1` and `taught_cap: 3`) and
+            `"capped_almost_failed"` (that with `taught_failed_rate: 0.125`). `--plan`, `hacpo-probe`, the model card
             and `hacpo_summary.json` name the mode and its settings. The run's, not per agent.
         share_rollouts (`bool`, *optional*, defaults to `True`):
             Share completions between agents. `False` trains every agent independently with TRL's own loss (so
@@ -205,6 +207,19 @@ class HACPOConfig(GRPOConfig):
             `complement` pair's `trace-carry` on its own half). `1`: full weight; the recommended preset's 0.25 (the
             benchmark's rule 16: a learner's weak half gained as much at 0.25 as at 1, its solved half lost a sixth
             as much). Not in the paper. May differ per agent (`overrides`).
+        taught_cap (`float`, *optional*, defaults to `0`):
+            With `peer_prompts` 'better' or 'failed', a limit on the taught rows' share of an update: the n taught
+            rows of a generation batch (over all ranks, those `peer_filter` keeps, counted before
+            `taught_ratio_floor`) together weigh at most this many rows' worth, each one's advantage times
+            min(1, taught_cap / n), after `taught_scale`. A few rows keep their full weight, many are damped: a
+            stronger learner is taught about 2 rows per taught batch, `trace-carry` 12.7 (benchmark rule 17). `0`:
+            no cap. Not with `peer_filter: positive` (which picks rows by advantage). Not in the paper. May differ
+            per agent (`overrides`).
+        taught_failed_rate (`float`, *optional*, defaults to `0`):
+            With `peer_prompts: failed`, the learner's success rate on a prompt (positive rewards over its scored
+            completions, all ranks) at or below which the prompt counts as failed: `0`, failed at every completion;
+            `0.125`, at most one success in 8 (its own group then has a signal, which the peer's rows join). The floor
+            and the band gate act as before. In [0, 1). Not in the paper. May differ per agent (`overrides`).
         capability_gate_rescue (`bool`, *optional*, defaults to `False`):
             With `capability_gate` > 0, a peer the gate keeps closed still lends its rows on the prompts this learner
             failed at every completion (none with a positive reward, over all its ranks) and the peer solved at least
@@ -389,6 +404,13 @@ class HACPOConfig(GRPOConfig):
     )
     taught_scale: float | None = field(
         default=None, metadata={"help": "With per-prompt sharing: a factor in (0, 1] on the taught rows' advantages."}
+    )
+    taught_cap: float | None = field(
+        default=None, metadata={"help": "With per-prompt sharing: the taught rows of a batch weigh at most N rows."}
+    )
+    taught_failed_rate: float | None = field(
+        default=None,
+        metadata={"help": "With peer_prompts 'failed': a prompt solved at most this often counts as failed."},
     )
     peer_fade_steps: int = field(
         default=0, metadata={"help": "Fade the peer rows' weight linearly to 0 over this many steps; 0 = no fade."}

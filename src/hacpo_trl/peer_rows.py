@@ -9,7 +9,7 @@ peer), re-tokenizes the peers' texts with the learner's tokenizer and decides wh
 
 ``settings`` is the learner's :class:`~hacpo_trl.sharing.SharingSettings` over its config
 (:meth:`~hacpo_trl.sharing.SharingSettings.over`; any object with the same attributes will do): it reads the sharing
-options ``peer_filter``, ``taught_scale`` and ``taught_baseline``, and the config's ``mask_truncated_completions``,
+options ``peer_filter``, ``taught_scale``, ``taught_cap`` and ``taught_baseline``, and the config's ``mask_truncated_completions``,
 ``max_completion_length``, ``capability_baseline``, ``zero_uniform_groups``, ``max_reward``,
 ``capability_ratio_min`` and ``capability_ratio_max``.
 """
@@ -38,6 +38,7 @@ __all__ = [
     "order_rows",
     "own_rewards",
     "self_prompt_tokens",
+    "taught_cap_factor",
 ]
 
 
@@ -144,8 +145,8 @@ def build_peer_rows(
     objectives too: the peer term is linear in A. A peer named in ``only_prompts`` (the prompts a closed peer rescues)
     enters only those prompts' joint groups, rows and rewards alike. The rows of a peer in ``taught`` are flagged for
     :func:`~hacpo_trl.peer_loss.taught_weight` instead of the band, their advantages times ``settings.taught_scale``
-    (after the filter), and with ``settings.taught_baseline == "own"`` the learner's rows on their prompts keep the
-    advantages of its own group.
+    (after the filter) and by :func:`taught_cap_factor` (`taught_cap`), and with ``settings.taught_baseline == "own"``
+    the learner's rows on their prompts keep the advantages of its own group.
     """
     only_prompts = only_prompts or {}
     mine = set(prompt_ids)
@@ -189,6 +190,7 @@ def build_peer_rows(
             own, [learner] * len(own), ids, learner, capabilities, settings
         )
     peer_adv = advantages[len(self_index) :] * peer_weight
+    taught_scale = settings.taught_scale * taught_cap_factor(records, taught, only_prompts, settings)
 
     # re-tokenize the peer rows we train on
     eos = tokenizer.eos_token_id
@@ -210,7 +212,7 @@ def build_peer_rows(
         out.prompt_ids.append(pid)
         out.sources.append(source)
         out.completion_ids.append(view.ids)
-        out.advantages.append(adv * settings.taught_scale if source in taught else adv)
+        out.advantages.append(adv * taught_scale if source in taught else adv)
         out.old_mean_logps.append(old_mean)
         out.old_lengths.append(old_len)
         out.omega.append(capability_ratio(capabilities[source], capabilities[learner], ratio_min, ratio_max))
@@ -219,6 +221,27 @@ def build_peer_rows(
         out.taught.append(source in taught)
     out.retokenize_seconds = time.perf_counter() - start
     return out
+
+
+def taught_cap_factor(
+    records: Sequence[RolloutBatch], taught: Collection[str], only_prompts: Mapping[str, Collection[str]], settings
+) -> float:
+    """The factor `taught_cap` K puts on every taught row's advantage: min(1, K / n), n the taught rows of the
+    generation batch, so that together they weigh at most K rows' worth while a few keep their full weight. n counts,
+    over every rank's ``records`` (the same on each rank of the learner), the rows of the ``taught`` peers on their
+    prompts (``only_prompts``) with a finite reward and old log-prob that `peer_filter` keeps ('correct': a positive
+    reward), before re-tokenization and `taught_ratio_floor`. ``settings.taught_cap`` 0: no cap (1)."""
+    cap = settings.taught_cap
+    if not cap:
+        return 1.0
+    n = 0
+    for r in records:
+        if r.agent in taught:
+            for pid, reward, old in zip(r.prompt_ids, r.rewards, r.old_mean_logps, strict=True):
+                kept = settings.peer_filter != "correct" or reward > 0
+                on = r.agent not in only_prompts or pid in only_prompts[r.agent]
+                n += on and kept and math.isfinite(reward) and math.isfinite(old)
+    return min(1.0, cap / n) if n else 1.0
 
 
 def _group_advantages(

@@ -29,6 +29,8 @@ _PAPER: dict[str, Any] = {
     "taught_ratio_floor": 0.2,
     "taught_schedule": "sharing",
     "taught_scale": 1.0,
+    "taught_cap": 0,
+    "taught_failed_rate": 0.0,
     "band_gate": False,
     "capability_gate": 0.0,
     "capability_gate_confidence": 0.0,
@@ -48,6 +50,17 @@ _CHANGES: dict[str, tuple[dict[str, Any], str]] = {
         {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
          "band_gate": True},
         "the previous preset: 'recommended' with taught rows at full weight",
+    ),
+    # the candidates of benchmark rule 17, chosen or not on its validation screen (benchmarks/RESULTS.md)
+    "capped_taught": (
+        {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
+         "taught_cap": 3, "band_gate": True},
+        "'recommended' with taught rows at full weight while few: a batch's taught rows weigh at most 3 rows' worth",
+    ),
+    "capped_almost_failed": (
+        {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
+         "taught_cap": 3, "taught_failed_rate": 0.125, "band_gate": True},
+        "'capped_taught', also on the prompts the learner solved at most once in 8",
     ),
     "confident_gate": (
         {"peer_filter": "correct", "capability_gate": 1.0, "capability_gate_confidence": 0.95, "band_gate": True},

@@ -117,6 +117,8 @@ class SharingSettings:
     taught_schedule: str = _PAPER["taught_schedule"]
     taught_baseline: str = "joint"
     taught_scale: float = _PAPER["taught_scale"]
+    taught_cap: float = _PAPER["taught_cap"]
+    taught_failed_rate: float = _PAPER["taught_failed_rate"]
     capability_metric: InitVar[str] = "accuracy"
     band: InitVar[bool] = True
     who: InitVar[str] = ""
@@ -175,6 +177,22 @@ class SharingSettings:
         scale = self.taught_scale
         if isinstance(scale, bool) or not (isinstance(scale, int | float) and 0 < scale <= 1):
             raise ValueError(f"{who}`taught_scale` must be a number in (0, 1], got {scale!r}")
+        cap = self.taught_cap
+        if isinstance(cap, bool) or not (isinstance(cap, int | float) and math.isfinite(cap) and cap >= 0):
+            raise ValueError(f"{who}`taught_cap` must be a finite number >= 0 (0: no cap), got {cap!r}")
+        if cap and self.peer_filter == "positive":
+            raise ValueError(
+                f"{who}`taught_cap` counts a batch's taught rows before their advantages, and `peer_filter: positive` "
+                "picks rows by advantage: set peer_filter 'correct' or 'all', or taught_cap 0"
+            )
+        rate = self.taught_failed_rate
+        if isinstance(rate, bool) or not (isinstance(rate, int | float) and 0 <= rate < 1):
+            raise ValueError(f"{who}`taught_failed_rate` must be a number in [0, 1), got {rate!r}")
+        if rate and self.peer_prompts != "failed":
+            raise ValueError(
+                f"{who}`taught_failed_rate` widens `peer_prompts: failed`, and `peer_prompts` is "
+                f"{self.peer_prompts!r}: set peer_prompts 'failed', or taught_failed_rate 0"
+            )
         if self.capability_gate_rescue and self.peer_prompts == "failed":
             raise ValueError(
                 f"{who}`capability_gate_rescue` lends a closed peer's rows on the prompts the learner failed entirely, "
@@ -182,7 +200,7 @@ class SharingSettings:
                 "capability_gate_rescue false, or peer_prompts 'all' to keep the rescue"
             )
         if self.peer_prompts == "all":  # these act on taught rows, which only per-prompt sharing makes
-            taught = ("taught_ratio_floor", "taught_schedule", "taught_baseline", "taught_scale")
+            taught = ("taught_ratio_floor", "taught_schedule", "taught_baseline", "taught_scale", "taught_cap")
             for name, default in ((n, next(f.default for f in fields(self) if f.name == n)) for n in taught):
                 if (value := getattr(self, name)) != default:
                     raise ValueError(
@@ -344,17 +362,24 @@ def peer_fade_weight(step: int, fade_steps: int) -> float:
     return max(0.0, 1.0 - step / fade_steps)
 
 
-def rescued_prompts(records: Sequence[RolloutBatch], learner: str, peers: Sequence[str]) -> dict[str, set[str]]:
+def rescued_prompts(
+    records: Sequence[RolloutBatch], learner: str, peers: Sequence[str], failed_rate: float = 0.0
+) -> dict[str, set[str]]:
     """For each of ``peers``, the prompts of this generation batch that the learner failed at every scored completion
     (no positive reward, at least one finite) and that peer solved at least once (a positive reward), over all the
     agents' ranks (``records`` are every rank's): the same on every rank of the learner. A prompt the learner
-    solved once is never rescued, so its own groups with any signal stay as GSPO sees them."""
+    solved once is never rescued, so its own groups with any signal stay as GSPO sees them. ``failed_rate`` > 0
+    (`taught_failed_rate`) also counts as failed a prompt whose success rate (positive rewards over scored
+    completions) is at most that: 0.125 takes one success in 8."""
     own: dict[str, list[float]] = {}
     for r in records:
         if r.agent == learner:
             for pid, reward in zip(r.prompt_ids, r.rewards, strict=True):
                 own.setdefault(pid, []).append(reward)
-    failed = {pid for pid, rs in own.items() if not any(x > 0 for x in rs) and any(math.isfinite(x) for x in rs)}
+    failed = {
+        pid for pid, rs in own.items()
+        if sum(x > 0 for x in rs) <= failed_rate * sum(math.isfinite(x) for x in rs) and any(map(math.isfinite, rs))
+    }  # fmt: skip
     out: dict[str, set[str]] = {peer: set() for peer in peers}
     for r in records:
         if r.agent in out:
@@ -463,7 +488,8 @@ def decide(
     after ``step`` optimizer steps (:func:`peer_fade_weight`); with `capability_gate_rescue`, in training, the
     prompts each closed peer rescues (:func:`rescued_prompts`, from every rank's ``records``); with `peer_prompts:
     better`, in training, each open peer only on the prompts it does better on (:func:`better_prompts`), with
-    `peer_prompts: failed` only on those the learner failed entirely and it solved (:func:`rescued_prompts`), and
+    `peer_prompts: failed` only on those the learner failed entirely (or at most `taught_failed_rate` of the time)
+    and it solved (:func:`rescued_prompts`), and
     none on a batch without such a prompt (with `taught_schedule: solo` a batch of taught rows keeps the solo
     schedule). Outside training peers keep their full weight and nothing is rescued."""
     weight = peer_fade_weight(step, settings.peer_fade_steps) if training else 1.0
@@ -479,8 +505,11 @@ def decide(
         closed = [a for a in agents if a != learner and a not in peers and (allowed is None or a in allowed)]
         rescued = {p: frozenset(prompts) for p, prompts in rescued_prompts(records, learner, closed).items()}
     if settings.peer_prompts != "all" and training:
-        chosen = better_prompts if settings.peer_prompts == "better" else rescued_prompts
-        taught = {p: frozenset(prompts) for p, prompts in chosen(records, learner, peers).items() if prompts}
+        if settings.peer_prompts == "better":
+            chosen = better_prompts(records, learner, peers)
+        else:
+            chosen = rescued_prompts(records, learner, peers, settings.taught_failed_rate)
+        taught = {p: frozenset(prompts) for p, prompts in chosen.items() if prompts}
         count = len({pid for r in records for pid in r.prompt_ids})
         on_solo = settings.taught_schedule == "solo"
         return PeerDecision(tuple(taught), rescued, weight, taught, frozenset(taught), count, on_solo)
