@@ -36,6 +36,10 @@ _PAPER: dict[str, Any] = {
     "capability_gate_confidence": 0.0,
 }
 
+# taught rows at full weight on the prompts the learner failed entirely, on GSPO's schedule
+_FAILED_PROMPTS = {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2,
+                   "taught_schedule": "solo", "band_gate": True}  # fmt: skip
+
 # name -> (the settings it changes from the paper's rule, what it is). The names of the benchmark's presets are
 # those of benchmarks/reproduce.py (`PRESET_METHODS` there maps its method names to them).
 _CHANGES: dict[str, tuple[dict[str, Any], str]] = {
@@ -46,20 +50,14 @@ _CHANGES: dict[str, tuple[dict[str, Any], str]] = {
          "taught_scale": 0.25, "band_gate": True},
         "a peer's correct rows on the prompts the learner failed entirely, at a quarter weight, in GSPO's updates",
     ),
-    "failed_prompts": (
-        {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
-         "band_gate": True},
-        "the previous preset: 'recommended' with taught rows at full weight",
-    ),
+    "failed_prompts": (_FAILED_PROMPTS, "the previous preset: 'recommended' with taught rows at full weight"),
     # the candidates of benchmark rule 17, chosen or not on its validation screen (benchmarks/RESULTS.md)
     "capped_taught": (
-        {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
-         "taught_cap": 3, "band_gate": True},
+        {**_FAILED_PROMPTS, "taught_cap": 3},
         "'recommended' with taught rows at full weight while few: a batch's taught rows weigh at most 3 rows' worth",
     ),
     "capped_almost_failed": (
-        {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
-         "taught_cap": 3, "taught_failed_rate": 0.125, "band_gate": True},
+        {**_FAILED_PROMPTS, "taught_cap": 3, "taught_failed_rate": 0.125},
         "'capped_taught', also on the prompts the learner solved at most once in 8",
     ),
     "confident_gate": (
