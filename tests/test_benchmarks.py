@@ -361,6 +361,27 @@ def test_taught_prompts_counts_batches_and_prompts_from_a_log_by_hand():
     assert taught_counts(log) == (3, 2, 4.0)
 
 
+def test_taught_rows_counts_rows_per_taught_batch_and_a_caps_weight_by_hand():
+    """`taught_rows.py`: four batches with 2, 0, 6 and 1 taught rows (2, 0, 2 and 1 of 8 prompts): 3 of 4 batches
+    taught, 5/3 prompts and 3 rows per taught batch (90th percentile 2 + 0.8 x 4); at cap 2 one batch in three is
+    damped and a taught row weighs (2 + 2 + 1) / 9 on average, at cap 8 none and 1."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from taught_rows import batch_rows, row
+
+    log = [
+        {"hacpo/taught_prompts/b": 0.25, "hacpo/peer_rows": 2.0},
+        {"loss": 0.2},
+        {"hacpo/taught_prompts/b": 0.0, "hacpo/peer_rows": 0.0},
+        {"hacpo/taught_prompts/b": 0.125, "hacpo/taught_prompts/c": 0.125, "hacpo/peer_rows": 6.0},
+        {"hacpo/taught_prompts/b": 0.125, "hacpo/peer_rows": 1.0},
+    ]
+    batches = batch_rows(log)
+    assert batches == [(2.0, 2.0), (0.0, 0.0), (2.0, 6.0), (1.0, 1.0)]
+    line = row("state", "a", batches, 1, [2, 8])
+    assert line == "| state | `a` | 3 of 4 (0.75) | 1.67 | 3.00 | 2 | 5.2 | 6 | 9 | 0.33 | 0.00 | 0.56 | 1.00 |"
+    assert row("state", "a", [(0.0, 0.0)], 1, [2]).count("–") == 8
+
+
 def test_carry_errors_counts_a_lost_carry_by_hand():
     """`carry_errors.py`: a carry-half solution with a column carried 0 (`+0=`) is the no-carry marker leaking in;
     one that carries every column, or adds a 0 digit and its carry (`9+0+1=10`), is not."""
