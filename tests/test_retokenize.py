@@ -1,5 +1,7 @@
 """A peer's completion in the learner's tokens: unit tests, and the peer rows the trainer builds from them."""
 
+import dataclasses
+
 import pytest
 import torch
 from datasets import Dataset
@@ -213,12 +215,13 @@ def test_clipped_peer_rows_skip_backward_without_changing_loss_or_gradient(learn
 
 
 def test_peer_filter_correct_keeps_only_rewarded_peer_rows(learner):
-    learner.args.peer_filter = "correct"
+    checked = learner.sharing  # the trainer reads its checked sharing settings, not the config's copy
+    learner.sharing = dataclasses.replace(checked, peer_filter="correct")
     try:
         learner._metrics["train"].clear()
         out, _, _ = _learner_batch(learner)
     finally:
-        learner.args.peer_filter = "all"
+        learner.sharing = checked
     # of the 5 peer records only "2" and "4444444" are usable and correct ("x" and "y" are unusable, "" is wrong)
     assert out["hacpo_is_peer"].tolist() == [False] * 4 + [True] * 2
     eos = CHAR.eos_token_id
