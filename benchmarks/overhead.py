@@ -2,6 +2,7 @@
 
     python benchmarks/overhead.py            # the grid's four pairs, 5 generation batches per run (about 15 min on 2 cores)
     python benchmarks/overhead.py --quick    # the size pair (or --pairs ...), 3 generation batches per run
+    python benchmarks/overhead.py --preset --steps 5 --reps 5   # GSPO against `sharing: recommended`, five pairs
 
 Each pair (`recipes/tiny_<pair>.yaml`, the built-in warm-started agents) runs the three methods with the schedules of
 `benchmarks/reproduce.py` (8 prompts per step): GSPO draws 8 completions per prompt and trains on them (2 updates per
@@ -10,6 +11,10 @@ GSPO×2 draws 16 and trains on its own 128 (4 updates). All runs of a pair share
 per agent, `_worker.py`); the methods' order rotates from pair to pair, and the load average is recorded beside each
 run, so load from other processes on a shared machine falls on every method. The first generation batch of every
 run is warm-up and left out.
+
+`--preset` runs GSPO and GSPO's recipe with `sharing: recommended` (on the benchmark's schedule for it,
+`reproduce.py`) alternately in one launch per pair, `--reps` times each, and reports the ratio per repetition, over
+every batch and over the batches at which no agent was taught a prompt (its own section of RESULTS.md).
 
 Wall time per generation batch is the sum of TRL's `step_time` (generation, scoring, exchange, every forward and
 backward) and the optimizer step over the batch's updates; per trained row divides it by the rows an agent trains
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,12 +37,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "src"))
 from _common import free_port, provenance, write_section  # noqa: E402
-from reproduce import GRID_PAIRS, METHODS, _flags  # noqa: E402
+from reproduce import GRID_PAIRS, HACPO_SCHEDULE, METHODS, PRESET_METHODS, SOLO, _flags  # noqa: E402
 
 from hacpo_trl.demo import PAIRS  # noqa: E402
 
 COMPARED = ("GSPO", "HACPO", "GSPO×2")
 ROWS = {"GSPO": 64, "HACPO": 128, "GSPO×2": 128}  # rows one agent trains on per generation batch
+# `--preset`: GSPO against GSPO's recipe with `sharing: recommended`, on the benchmark's schedule for it (4 updates
+# configured per generation batch, 2 made when the learner is taught nothing: the solo schedule)
+PRESET = "recommended"
+PRESET_RUN = ({"sharing": PRESET, **SOLO, **HACPO_SCHEDULE}, METHODS[PRESET_METHODS[PRESET]][2])
+PRESET_PAIRS = ["state", "size", "model", "style", "complement"]
 PARTS = ("generate", "exchange_wait", "exchange_transfer", "loss_and_backward")
 
 
@@ -49,18 +60,17 @@ def _per_batch(steps: list[dict], key: str, updates: int) -> float:
     return sum(e.get(key, 0.0) for e in steps) * updates / max(len(steps), 1)
 
 
-def run_pair(pair: str, order: tuple[str, ...], batches: int, work: Path) -> dict[str, dict]:
-    """The three methods of one pair in one launch; per agent: means over generation batches after the first."""
-    jobs = []
-    for method in order:
-        settings, _, updates = METHODS[method]
-        jobs.append(
-            [
-                "--config", str(ROOT / "recipes" / f"tiny_{pair}.yaml"), "--output_dir", str(_run_dir(work, pair, method)),
-                "--max_steps", str(batches * updates), "--eval_samples", "0", "--plot", "false", "--logging_steps", "1",
-                "--save_strategy", "no", *_flags(settings),
-            ]
-        )  # fmt: skip
+def _job(pair: str, out: Path, batches: int, settings: dict, updates: int) -> list[str]:
+    """One run's `hacpo-train` arguments: ``batches`` generation batches of ``updates`` optimizer steps, no eval."""
+    return [
+        "--config", str(ROOT / "recipes" / f"tiny_{pair}.yaml"), "--output_dir", str(out),
+        "--max_steps", str(batches * updates), "--eval_samples", "0", "--plot", "false", "--logging_steps", "1",
+        "--save_strategy", "no", *_flags(settings),
+    ]  # fmt: skip
+
+
+def _launch(pair: str, jobs: list[list[str]], labels: list[str], work: Path) -> dict[str, list[float]]:
+    """Run ``jobs`` (one label each) in one launch; the 1-minute load average at each job's start and end."""
     jobs_file = work / f"{pair}-jobs.json"
     jobs_file.parent.mkdir(parents=True, exist_ok=True)
     jobs_file.write_text(json.dumps(jobs))
@@ -71,7 +81,7 @@ def run_pair(pair: str, order: tuple[str, ...], batches: int, work: Path) -> dic
     ]  # fmt: skip
     loads = {}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    pending = list(order)
+    pending = list(labels)
     loads[pending[0]] = [os.getloadavg()[0]]
     for line in proc.stdout:
         if line.startswith("done: ") and pending:
@@ -83,6 +93,13 @@ def run_pair(pair: str, order: tuple[str, ...], batches: int, work: Path) -> dic
     stderr = proc.stderr.read()
     if proc.wait() != 0:
         raise RuntimeError(stderr[stderr.find("Traceback") :][:3000] or stderr[-3000:])
+    return loads
+
+
+def run_pair(pair: str, order: tuple[str, ...], batches: int, work: Path) -> dict[str, dict]:
+    """The three methods of one pair in one launch; per agent: means over generation batches after the first."""
+    jobs = [_job(pair, _run_dir(work, pair, m), batches, METHODS[m][0], METHODS[m][2]) for m in order]
+    loads = _launch(pair, jobs, list(order), work)
     out = {}
     for method in order:
         updates = METHODS[method][2]
@@ -98,6 +115,135 @@ def run_pair(pair: str, order: tuple[str, ...], batches: int, work: Path) -> dic
     return out
 
 
+def batch_times(history: list[dict], updates: int) -> list[tuple[float, bool]]:
+    """Per generation batch after the first (warm-up): its wall time (TRL's `step_time` + optimizer over its
+    ``updates`` optimizer steps, skipped ones included) and whether the learner was taught a prompt at it."""
+    batches: dict[int, tuple[float, bool]] = {}
+    for e in history:
+        if "step" not in e or ("step_time" not in e and "hacpo/time/optimizer" not in e):
+            continue
+        b = (e["step"] - 1) // updates
+        seconds, taught = batches.get(b, (0.0, False))
+        taught |= any(v > 0 for k, v in e.items() if k.startswith("hacpo/taught_prompts/"))
+        batches[b] = (seconds + e.get("step_time", 0.0) + e.get("hacpo/time/optimizer", 0.0), taught)
+    return [batches[b] for b in sorted(batches) if b > 0]
+
+
+def preset_ratios(reps: list[dict[str, dict[str, list[tuple[float, bool]]]]]) -> dict[str, dict]:
+    """Per agent, from each repetition's ``{"GSPO"|PRESET: {agent: batch_times}}`` (same seed, so batch ``b`` of
+    both runs draws the same prompts): seconds per batch of each method and the ratio preset / GSPO per repetition,
+    over every batch and over the batches at which no agent of the pair was taught (pair-level: the agents wait for
+    each other at the exchange), each the ratio of summed times over the same batches."""
+    out: dict[str, dict] = {}
+    for rep in reps:
+        gspo, preset = rep["GSPO"], rep[PRESET]
+        n = min(len(t) for runs in (gspo, preset) for t in runs.values())
+        untaught = [b for b in range(n) if not any(preset[a][b][1] for a in preset)]
+        for agent in gspo:
+            g, q = [t for t, _ in gspo[agent][:n]], [t for t, _ in preset[agent][:n]]
+            r = out.setdefault(agent, {"gspo_s": [], "preset_s": [], "overall": [], "untaught": [], "batches": [0, 0]})
+            r["gspo_s"].append(sum(g) / n)
+            r["preset_s"].append(sum(q) / n)
+            r["overall"].append(sum(q) / sum(g))
+            if untaught:
+                r["untaught"].append(sum(q[b] for b in untaught) / sum(g[b] for b in untaught))
+            r["batches"][0] += len(untaught)
+            r["batches"][1] += n
+    return out
+
+
+def _spread(values: list[float]) -> str:
+    """Median [min–max] of a ratio over repetitions."""
+    if not values:
+        return "–"
+    return f"{statistics.median(values):.2f} [{min(values):.2f}–{max(values):.2f}]"
+
+
+def run_preset_pair(pair: str, reps: int, batches: int, work: Path) -> dict:
+    """GSPO and the preset alternating in one launch (A B, B A, ...), repetition ``i`` on seed ``i`` for both: each
+    repetition's batch times, each run's whole training time (TRL's `train_runtime`, warm-up batch included) and the
+    load average at each method's runs' starts and ends."""
+    runs = {"GSPO": (METHODS["GSPO"][0], METHODS["GSPO"][2]), PRESET: PRESET_RUN}
+    jobs, labels = [], []
+    for i in range(reps):
+        for method in ("GSPO", PRESET)[:: 1 if i % 2 == 0 else -1]:
+            settings, updates = runs[method]
+            jobs.append(_job(pair, work / pair / f"{method}-rep{i}", batches, {**settings, "seed": i}, updates))
+            labels.append(f"{method}#{i}")
+    loads = _launch(pair, jobs, labels, work)
+    reps_out, runtimes = [], []
+    for i in range(reps):
+        logs = {
+            m: {a: json.loads((work / pair / f"{m}-rep{i}" / a / "log_history.json").read_text()) for a in PAIRS[pair]}
+            for m in runs
+        }
+        reps_out.append({m: {a: batch_times(h, runs[m][1]) for a, h in logs[m].items()} for m in runs})
+        runtimes.append({m: {a: next(e["train_runtime"] for e in h if "train_runtime" in e) for a, h in logs[m].items()}
+                         for m in runs})  # fmt: skip
+    by_method = {m: [x for label, v in loads.items() if label.startswith(m + "#") for x in v] for m in runs}
+    return {"reps": reps_out, "runtimes": runtimes, "loads": by_method}
+
+
+def preset_lines(results: dict[str, dict], args: argparse.Namespace, argv: list[str], elapsed: float) -> list[str]:
+    """The `--preset` section of RESULTS.md from :func:`run_preset_pair`'s results per pair."""
+    lines = [
+        "## Cost of the recommended preset against GSPO (`benchmarks/overhead.py --preset`)",
+        "",
+        provenance("overhead.py", argv, elapsed),
+        "",
+        f"Per pair one launch running GSPO and GSPO's recipe with `sharing: {PRESET}` alternately (A B, B A, …), "
+        f"{args.reps} repetitions, repetition i on seed i for both; {args.steps} generation batches per run, the "
+        "first left out as warm-up. s / batch: TRL's `step_time` + optimizer, summed over a generation batch's "
+        "updates, mean over the measured batches, median over repetitions. Ratio: preset / GSPO over the same "
+        "batches of one repetition, median [min–max] over repetitions; *untaught*: only the batches at which no "
+        "agent of the pair was taught a prompt (`hacpo/taught_prompts/<peer>` 0; the agents wait for each other at "
+        "the exchange, so one taught agent slows both), with how many of the measured batches those were; *whole "
+        "run*: TRL's `train_runtime` (every batch, the warm-up included, and the Trainer's work between steps). "
+        "Load: the machine's 1-minute load average at the starts and ends of the method's runs, min–max. The "
+        "machine is a shared 2-core CPU that other work was loading during the runs (load well above its 2 cores): "
+        "the ratio within a pair is the measure, the absolute times are not.",
+        "",
+        "| pair | agent | GSPO s / batch | preset s / batch | ratio overall | ratio untaught | untaught batches "
+        "| ratio whole run | load GSPO | load preset |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    pooled: dict[str, list[float]] = {"overall": [], "untaught": [], "run": []}
+    for pair, res in results.items():
+        for agent, r in preset_ratios(res["reps"]).items():
+            run = [t[PRESET][agent] / t["GSPO"][agent] for t in res["runtimes"]]
+            pooled["overall"] += r["overall"]
+            pooled["untaught"] += r["untaught"]
+            pooled["run"] += run
+            load = {m: f"{min(v):.1f}–{max(v):.1f}" if v else "–" for m, v in res["loads"].items()}
+            lines.append(
+                f"| {pair} | {agent} | {statistics.median(r['gspo_s']):.2f} | {statistics.median(r['preset_s']):.2f} "
+                f"| {_spread(r['overall'])} | {_spread(r['untaught'])} | {r['batches'][0]} / {r['batches'][1]} "
+                f"| {_spread(run)} | {load['GSPO']} | {load[PRESET]} |"
+            )
+    lines += [
+        "",
+        f"All agents and repetitions ({', '.join(results)}): ratio overall {_spread(pooled['overall'])}, untaught "
+        f"{_spread(pooled['untaught'])}, whole run {_spread(pooled['run'])} (goal: ≤ 1.10 overall, ≤ 1.05 untaught).",
+        "",
+    ]
+    return lines
+
+
+def preset_main(args: argparse.Namespace, argv: list[str]) -> int:
+    """`--preset`: the preset's cost per pair; the section is rewritten after every pair, so a cut-short run keeps
+    the pairs it finished."""
+    started = time.perf_counter()
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for pair in args.pairs:
+            print(f"[{time.perf_counter() - started:5.0f}s] {pair}: {args.reps} x GSPO, {PRESET}", flush=True)
+            results[pair] = run_preset_pair(pair, args.reps, args.steps, Path(tmp))
+            lines = preset_lines(results, args, argv, time.perf_counter() - started)
+            write_section(args.results, "overhead-preset", lines)
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -106,7 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, default=5, help="generation batches per run (the first is warm-up)")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
+    parser.add_argument("--preset", action="store_true", help=f"GSPO against `sharing: {PRESET}`, repeated")
+    parser.add_argument("--reps", type=int, default=5, help="--preset: repetitions per pair")
     args = parser.parse_args(argv)
+    if args.preset:
+        args.pairs, args.steps = args.pairs or PRESET_PAIRS, max(args.steps, 2)
+        return preset_main(args, sys.argv[1:] if argv is None else argv)
     if args.quick:
         args.pairs, args.steps = args.pairs or ["size"], min(args.steps, 3)
     args.pairs = args.pairs or GRID_PAIRS

@@ -382,6 +382,37 @@ def test_taught_rows_counts_rows_per_taught_batch_and_a_caps_weight_by_hand():
     assert row("state", "a", [(0.0, 0.0)], 1, [2]).count("–") == 8
 
 
+def test_overhead_preset_times_each_batch_and_splits_the_batches_without_a_taught_prompt():
+    """`overhead.py --preset`: a log of 3 batches of 4 steps (the first warm-up; skipped steps log only the optimizer)
+    gives each batch's step + optimizer time and whether it taught; the ratios compare the same batches, and a batch
+    at which either agent was taught leaves the untaught ratio of both."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from overhead import PRESET, batch_times, preset_ratios
+
+    def batch(step, seconds, taught):
+        return [
+            {"step": step, "step_time": seconds - 0.1, "hacpo/time/optimizer": 0.05, "hacpo/taught_prompts/b": taught},
+            {"step": step + 1, "hacpo/time/optimizer": 0.05, "loss": 0.0},
+            {"step": step + 2, "hacpo/time/optimizer": 0.0},
+            {"step": step + 3, "hacpo/time/optimizer": 0.0},
+        ]
+
+    log = batch(1, 9.0, 0.0) + batch(5, 2.0, 0.125) + batch(9, 3.0, 0.0) + [{"step": 12, "train_runtime": 30.0}]
+    assert batch_times(log, 4) == [(pytest.approx(2.0), True), (pytest.approx(3.0), False)]
+    gspo = [(1.0, False), (2.0, False), (4.0, False)]
+    reps = [
+        {"GSPO": {"a": gspo, "b": gspo}, PRESET: {"a": [(2.0, True), (2.2, False), (4.0, False)], "b": gspo}},
+        {"GSPO": {"a": gspo, "b": gspo}, PRESET: {"a": gspo, "b": [(1.5, False), (2.0, True), (4.0, False)]}},
+    ]
+    ratios = preset_ratios(reps)
+    # rep 0: a's batches 1 and 2 untaught (2.2 + 4.0 against 2 + 4); rep 1: b taught at batch 1, so only 0 and 2
+    assert ratios["a"]["overall"] == pytest.approx([8.2 / 7, 1.0])
+    assert ratios["a"]["untaught"] == pytest.approx([6.2 / 6, 1.0])
+    assert ratios["b"]["overall"] == pytest.approx([1.0, 7.5 / 7])
+    assert ratios["b"]["untaught"] == pytest.approx([1.0, 5.5 / 5])
+    assert ratios["a"]["batches"] == [4, 6] and ratios["a"]["preset_s"] == pytest.approx([8.2 / 3, 7 / 3])
+
+
 def test_carry_errors_counts_a_lost_carry_by_hand():
     """`carry_errors.py`: a carry-half solution with a column carried 0 (`+0=`) is the no-carry marker leaking in;
     one that carries every column, or adds a 0 digit and its carry (`9+0+1=10`), is not."""
