@@ -192,6 +192,8 @@ def preset_lines(results: dict[str, dict], args: argparse.Namespace, argv: list[
         provenance("overhead.py", argv, elapsed),
         "",
         f"Per pair one launch running GSPO and GSPO's recipe with `sharing: {PRESET}` alternately (A B, B A, …), "
+        "the preset on the benchmark's schedule for it (4 updates of 16 rows configured per generation batch, 2 made "
+        "when the learner is taught nothing), "
         f"{args.reps} repetitions, repetition i on seed i for both; {args.steps} generation batches per run, the "
         "first left out as warm-up. s / batch: TRL's `step_time` + optimizer, summed over a generation batch's "
         "updates, mean over the measured batches, median over repetitions. Ratio: preset / GSPO over the same "
