@@ -9,6 +9,7 @@ from transformers import LlamaConfig
 
 from hacpo_trl import vllm_cpu
 from hacpo_trl.demo import BUILTIN_AGENTS, PAIRS, untrained
+from hacpo_trl.loading import load_dtype
 from hacpo_trl.tiny import char_tokenizer, tiny_llama
 
 
@@ -78,12 +79,12 @@ def test_engine_settings_compose_with_the_agent_seeds(monkeypatch):
     args = SimpleNamespace(use_vllm=True, vllm_mode="colocate", model_init_kwargs=None)
     monkeypatch.setattr(vllm_cpu, "_on_cpu_platform", lambda: False)
     use_agent_engine_seeds()
-    vllm_cpu.use_cpu_engine(args, tiny_llama(char_tokenizer()))
+    vllm_cpu.use_cpu_engine(args, tiny_llama(char_tokenizer()), load_dtype)
     vllm_generation.LLM(model="m", seed=0)
     assert built[-1] == {"model": "m", "seed": 1}
     monkeypatch.setattr(vllm_cpu, "_on_cpu_platform", lambda: True)
-    vllm_cpu.use_cpu_engine(args, tiny_llama(char_tokenizer()).to(torch.bfloat16))
-    vllm_cpu.use_cpu_engine(args, tiny_llama(char_tokenizer()))
+    vllm_cpu.use_cpu_engine(args, tiny_llama(char_tokenizer()).to(torch.bfloat16), load_dtype)
+    vllm_cpu.use_cpu_engine(args, tiny_llama(char_tokenizer()), load_dtype)
     use_agent_engine_seeds()
     vllm_generation.LLM(model="m", seed=0)
     assert built[-1] == {"model": "m", "seed": 1, "enforce_eager": True, "dtype": "float32"}

@@ -63,7 +63,7 @@ class HACPOTrainer(GRPOTrainer):
         agent = loading.prepare_agent(args, kwargs, model, processing_class, peft_config)
         model, self._base_model, processing_class, peft_config = agent
         use_agent_engine_seeds()  # each agent's vLLM engines sample with their own seeds
-        vllm_cpu.use_cpu_engine(args, model)  # vLLM's CPU build: eager, in the model's dtype
+        vllm_cpu.use_cpu_engine(args, model, loading.load_dtype)  # vLLM's CPU build: eager, in the model's dtype
         train_dataset, eval_dataset = exchange.with_prompt_ids(train_dataset), exchange.with_prompt_ids(eval_dataset)
         kwargs.update(train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=processing_class)
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, peft_config=peft_config, **kwargs)

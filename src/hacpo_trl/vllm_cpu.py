@@ -91,13 +91,12 @@ def _on_cpu_platform() -> bool:
     return current_platform.is_cpu()
 
 
-def use_cpu_engine(args, model) -> None:
+def use_cpu_engine(args, model, load_dtype) -> None:
     """Before TRL builds the engine, on a CPU platform only: eager, in the dtype ``model`` (path or instance) trains
-    in (vLLM's choice when that cannot be told)."""
+    in, as ``load_dtype(model, args)`` tells it (vLLM's choice when it cannot be told). The caller passes
+    `hacpo_trl.loading.load_dtype`, which imports this module."""
     if not (args.use_vllm and args.vllm_mode == "colocate" and _on_cpu_platform()):
         return
-    from .loading import load_dtype
-
     dtype = load_dtype(model, args)
     name = {"dtype": str(dtype).removeprefix("torch.")} if dtype is not None else {}
     wrap_engine("cpu", lambda kwargs: {**kwargs, "enforce_eager": True, **name})
