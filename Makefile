@@ -88,7 +88,7 @@ $(BIN)/activate:
 # Two test workers (pytest-xdist), one test file each at a time: most tests are real multi-process launches that
 # spend part of their time waiting (start-up, exchange timeouts, one agent generating while the other waits), so two
 # at once keep both cores busy. Every test also passes alone (`pytest tests/test_x.py`) and on a loaded machine. The
-# 15 slowest tests are listed at the end: the suite has to stay within CI's 15 minutes.
+# 15 slowest tests are listed at the end: 24:37 for 709 tests at 2026-11-27, within CI's 45 minutes with the vLLM part.
 test:
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile --durations 15
 
