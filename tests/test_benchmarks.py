@@ -562,3 +562,35 @@ def test_a_run_record_keeps_what_the_tables_read_from_its_log(tmp_path):
     assert _runs.record(folder) == run and _runs.record(folder.parent / "HACPO-seed1") is None
     _runs.save(tmp_path / "grid", _runs.load(tmp_path / "grid"))
     assert records.read_bytes() == saved
+
+
+def test_choose_applies_a_screen_rule_by_hand(tmp_path, capsys):
+    """`choose.py`, rule 17's choice: worst gain over every agent, then the stronger agents' mean within the tie,
+    an exact tie to the first candidate; a screen missing a declared seed chooses nothing."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from choose import ahead, choose, main
+
+    # worst beyond the tie wins; within it the stronger mean decides; equal numbers keep the earlier one
+    assert ahead((0.010, 0.0), (0.004, 0.5), 0.005) and not ahead((0.008, 0.0), (0.004, 0.5), 0.005)
+    assert choose({"p": (0.0, 0.01), "A": (-0.004, 0.02), "B": (0.001, 0.015)}, "p", ["A", "B"], 0.005) == "A"
+    assert choose({"p": (0.0, 0.01), "A": (-0.004, 0.02), "B": (0.006, 0.0)}, "p", ["A", "B"], 0.005) == "B"
+    assert choose({"p": (0.0, 0.01), "A": (0.0, 0.02), "B": (0.0, 0.02)}, "p", ["A", "B"], 0.005) == "A"
+    assert choose({"p": (0.0, 0.03), "A": (-0.006, 0.09), "B": (0.0, 0.02)}, "p", ["A", "B"], 0.005) == "p"
+
+    def screen(name, seeds, gain_a, gain_b):
+        gspo = [0.5] * len(seeds)
+        acc = {
+            "s": {"GSPO": gspo, "P": gspo, "MA": [g + gain_a for g in gspo], "MB": [g + gain_b for g in gspo]},
+            "w": {"GSPO": gspo, "P": [g + 0.02 for g in gspo], "MA": [g + 0.03 for g in gspo], "MB": gspo},
+        }
+        path = tmp_path / name
+        path.write_text(json.dumps({"settings": {"x": {"agents": ["s", "w"], "seeds": seeds, "accuracy": acc}}}))
+        return str(path)
+
+    args = ["--preset", "P", "--candidates", "A=MA", "B=MB", "--stronger", "x:s", "--seeds", "1", "2"]
+    assert main(["--screens", screen("full.json", [1, 2], 0.01, 0.02), *args]) == 0
+    out = capsys.readouterr().out
+    # worst: P 0.000, A +0.010, B 0.000 (w gains nothing under B): A is ahead by more than the tie
+    assert "| **worst** | +0.000 | +0.010 | +0.000 |" in out and "Chosen: A (MA)" in out
+    assert main(["--screens", screen("part.json", [1], 0.01, 0.02), *args]) == 0
+    assert "nothing is chosen" in capsys.readouterr().out
