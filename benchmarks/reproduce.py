@@ -385,7 +385,7 @@ def check_reused_agents(out: Path, pair: str, finished: int) -> None:
         raise SystemExit(
             f"reproduce: the {finished} finished runs in {out / pair} were trained from other agents than the ones "
             f"built here ({path}: {saved}; here: {here}); pass another --out to run this pair from the agents built "
-            "here"
+            "here, or set HACPO_CACHE to a folder holding the agents these runs were trained from"
         )
 
 
