@@ -1,11 +1,12 @@
-"""Write docs/options.md, the options reference, from the docstrings of `HACPOConfig` and `AgentSpec`.
+"""Write docs/options.md, the options reference, from the docstrings of `HACPOConfig`, `SharingFields` and `AgentSpec`.
 
     python docs/make_options.py        # or: make docs
 
-The docstrings of `HACPOConfig` (src/hacpo_trl/config.py) and `AgentSpec` (src/hacpo_trl/resolve.py) are the one
-home of what each option means; this file only reformats them (read with `ast`, so nothing is imported: no torch, no
-trl). A field declared in `HACPOConfig` without an entry
-in its docstring is listed at the end with its one-line `help`. `tests/test_docs.py` fails when the committed
+The docstrings of `HACPOConfig` (src/hacpo_trl/config.py), of `SharingFields` (src/hacpo_trl/sharing.py, the
+per-learner sharing settings `HACPOConfig` inherits; its entries go where `HACPOConfig`'s docstring names it) and of
+`AgentSpec` (src/hacpo_trl/resolve.py) are the one home of what each option means; this file only reformats them
+(read with `ast`, so nothing is imported: no torch, no trl). A field declared in `HACPOConfig` or `SharingFields`
+without an entry in a docstring is listed at the end with its one-line `help`. `tests/test_docs.py` fails when the committed
 docs/options.md differs from what this script writes.
 """
 
@@ -18,10 +19,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "src" / "hacpo_trl" / "config.py"
+SHARING = ROOT / "src" / "hacpo_trl" / "sharing.py"
 AGENT = ROOT / "src" / "hacpo_trl" / "resolve.py"
 OPTIONS = ROOT / "docs" / "options.md"
 # a HACPOConfig entry: "name (`type`, *optional*, defaults to `x`):", or "a / b (...)" for two names at once
 ENTRY = re.compile(r"^(?P<names>\w+(?: / \w+)*) \((?P<kind>.+)\):$")
+# the line of HACPOConfig's docstring where the entries of an inherited class's docstring go
+INHERITED = re.compile(r"fields of :class:`~hacpo_trl\.sharing\.(?P<cls>\w+)`")
 ARG = re.compile(r"^(?P<name>\w+): (?P<text>.*)$")  # an AgentSpec entry: "name: what it is"
 
 
@@ -35,10 +39,17 @@ def _paragraph(lines: list[str]) -> str:
     return re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text).replace("``", "`")
 
 
-def config_entries(doc: str) -> list[tuple[str, list[tuple[list[str], str, str]]]]:
-    """HACPOConfig's `Parameters:` as [(group, [(names, kind, text), ...]), ...], in the docstring's order."""
+def config_entries(
+    doc: str, inherited: dict[str, str] | None = None
+) -> list[tuple[str, list[tuple[list[str], str, str]]]]:
+    """HACPOConfig's `Parameters:` as [(group, [(names, kind, text), ...]), ...], in the docstring's order; a line
+    naming a class of ``inherited`` (name -> docstring) stands for that docstring's entries."""
     groups: list[tuple[str, list[tuple[list[str], str, list[str]]]]] = []
-    for line in doc.split("Parameters:", 1)[1].splitlines():
+    lines = doc.split("Parameters:", 1)[1].splitlines()
+    for name, text in (inherited or {}).items():
+        at = next(i for i, line in enumerate(lines) if (m := INHERITED.search(line)) and m["cls"] == name)
+        lines[at : at + 1] = text.split("Parameters:", 1)[1].splitlines()
+    for line in lines:
         stripped = line.strip()
         indent = len(line) - len(line.lstrip())
         if indent == 4 and stripped.startswith("> "):
@@ -89,10 +100,12 @@ def _declared(cls: ast.ClassDef) -> dict[str, tuple[str, str]]:
     return fields
 
 
-def render(config_source: str, agent_source: str) -> str:
-    """options.md from the source of config.py (`HACPOConfig`) and of resolve.py (`AgentSpec`)."""
+def render(config_source: str, agent_source: str, sharing_source: str) -> str:
+    """options.md from the source of config.py (`HACPOConfig`), resolve.py (`AgentSpec`) and sharing.py
+    (`SharingFields`)."""
     config, spec = _class(ast.parse(config_source), "HACPOConfig"), _class(ast.parse(agent_source), "AgentSpec")
-    groups = config_entries(ast.get_docstring(config) or "")
+    learner = _class(ast.parse(sharing_source), "SharingFields")
+    groups = config_entries(ast.get_docstring(config) or "", {learner.name: ast.get_docstring(learner) or ""})
     out = [
         "# Options reference",
         "",
@@ -115,7 +128,8 @@ def render(config_source: str, agent_source: str) -> str:
         for names, kind, text in entries:
             documented.update(names)
             out += [f"### {' / '.join(f'`{n}`' for n in names)}", "", f"{kind}", "", text, ""]
-    missing = {name: found for name, found in _declared(config).items() if name not in documented}
+    declared = {**_declared(learner), **_declared(config)}
+    missing = {name: found for name, found in declared.items() if name not in documented}
     if missing:
         out += [
             "## Other fields",
@@ -136,7 +150,7 @@ def _slug(heading: str) -> str:
 
 
 def main() -> int:
-    OPTIONS.write_text(render(CONFIG.read_text(), AGENT.read_text()))
+    OPTIONS.write_text(render(CONFIG.read_text(), AGENT.read_text(), SHARING.read_text()))
     print(f"wrote {OPTIONS.relative_to(ROOT)}")
     return 0
 

@@ -220,3 +220,56 @@ def test_each_learner_setting_has_one_default():
     for f in dataclasses.fields(SharingSettings):
         expected = None if f.name in SHARING_PRESETS["paper"] else f.default
         assert config[f.name] == expected, f.name
+
+
+def _class(path: Path, name: str):
+    import ast
+
+    return next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def test_each_learner_setting_is_declared_once():
+    """`SharingFields` declares every learner setting (name, type, default, help, doc): `HACPOConfig` inherits the
+    very fields and `SharingSettings` takes them, so no other class body declares one and its doc is written once."""
+    import ast
+    import importlib.util
+
+    from transformers import HfArgumentParser
+
+    from hacpo_trl.sharing import LEARNER_SETTINGS
+
+    package = ROOT / "src" / "hacpo_trl"
+    config_class, settings_class = (
+        _class(package / "config.py", "HACPOConfig"),
+        _class(package / "sharing.py", "SharingSettings"),
+    )
+    for node in (config_class, settings_class):
+        own = {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)} & set(LEARNER_SETTINGS)
+        assert not own, f"{node.name} declares {sorted(own)} again"
+    from hacpo_trl.sharing import SharingFields  # the one declaration
+
+    declared = {f.name: f for f in dataclasses.fields(SharingFields)}
+    assert tuple(declared) == LEARNER_SETTINGS == tuple(f.name for f in dataclasses.fields(SharingSettings))
+    config = {f.name: f for f in dataclasses.fields(HACPOConfig)}
+    assert all(config[name] is declared[name] and declared[name].metadata["help"] for name in declared)
+    for f in dataclasses.fields(SharingSettings):
+        assert f.default == SHARING_PRESETS["paper"].get(f.name, declared[f.name].default), f.name
+        assert dict(f.metadata) == dict(declared[f.name].metadata), f.name
+    parser = HfArgumentParser(HACPOConfig)  # the command line sees the fields, with their help
+    assert all(parser._option_string_actions[f"--{n}"].help == f.metadata["help"] for n, f in declared.items())
+    flags = parser.parse_args(["--output_dir", "x", "--peer_filter", "correct", "--band_gate", "true"])
+    assert (flags.peer_filter, flags.band_gate, flags.taught_scale) == ("correct", True, None)
+    spec = importlib.util.spec_from_file_location("make_options", ROOT / "docs" / "make_options.py")
+    make_options = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_options)
+
+    def documented(node) -> list[str]:
+        return [
+            n
+            for _, entries in make_options.config_entries(ast.get_docstring(node))
+            for names, _, _ in entries
+            for n in names
+        ]
+
+    assert sorted(documented(_class(package / "sharing.py", "SharingFields"))) == sorted(LEARNER_SETTINGS)
+    assert not set(documented(config_class)) & set(LEARNER_SETTINGS)

@@ -164,11 +164,15 @@ def short_help() -> str:
     from . import recipe
 
     lines = [_WORKFLOW, "task, data and reporting:"]
-    config = os.path.join(os.path.dirname(recipe.__file__), "config.py")
-    for source, cls in ((inspect.getsource(recipe), "HACPOScriptArguments"), (open(config).read(), "HACPOConfig")):
+    folder = os.path.dirname(recipe.__file__)
+    config, sharing = (open(os.path.join(folder, name)).read() for name in ("config.py", "sharing.py"))
+    classes = ((inspect.getsource(recipe), "HACPOScriptArguments"), (config, "HACPOConfig"), (sharing, "SharingFields"))
+    for source, cls in classes:
         body = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls).body
         if cls == "HACPOConfig":
             lines += ["", "HACPO settings (the paper's defaults):"]
+        if cls == "SharingFields":  # inherited by HACPOConfig
+            lines += ["", "each learner's sharing settings (may differ per agent, `overrides`):"]
         for node in body:
             if not (isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Call)):
                 continue
