@@ -173,8 +173,10 @@ class SharingFields:
             schedule of a batch learned from no one (`solo_steps_per_generation` updates), own and taught rows
             interleaved, as a batch of rescued rows (`capability_gate_rescue`). A few taught rows then add to GSPO's
             updates instead of doubling their number: with `solo_steps_per_generation: 2` a learner makes GSPO's 2
-            updates of 32 own rows whether or not a peer taught it. Not in the paper. May differ per agent
-            (`overrides`).
+            updates of 32 own rows whether or not a peer taught it. Without `solo_steps_per_generation` (the
+            `recommended` preset) no update is skipped: every batch is cut into the recipe's `steps_per_generation`
+            updates, as GSPO cuts it, and a batch's taught rows are interleaved into them, so a GSPO recipe keeps
+            GSPO's optimizer steps. Not in the paper. May differ per agent (`overrides`).
         taught_baseline (`str`, *optional*, defaults to `"joint"`):
             With `peer_prompts` 'better' or 'failed', the advantages of the learner's own rows on a taught prompt:
             `"joint"`, the capability-aware baseline over the joint group (Eq. 5; the peer's correct rewards raise it,
@@ -295,7 +297,7 @@ class SharingFields:
     )
     taught_schedule: str | None = field(
         default=None,
-        metadata={"help": "With per-prompt sharing: 'solo': a batch of taught rows keeps the solo schedule."},
+        metadata={"help": "With per-prompt sharing: 'solo': taught rows join the solo (or the recipe's) updates."},
     )
     taught_baseline: str = field(
         default="joint",
