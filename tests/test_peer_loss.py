@@ -2,6 +2,7 @@
 Hand-built mini-batches; no trainer, no process group."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -207,6 +208,27 @@ def test_a_taught_row_below_the_floor_gets_no_gradient_one_above_keeps_its_weigh
     out = rows_loss(logps, inputs, every, 0, None, config)
     out.loss.backward()
     torch.testing.assert_close(logps.grad[2], torch.full((2,), -0.55 / 2 / 3))
+
+
+def test_the_floor_travels_in_the_learners_settings():
+    """The trainer hands the loss its learner's SharingSettings, not a loose float: its `taught_ratio_floor` acts
+    (the row at s = 0.1 is dropped at 0.2, kept by the paper's rule with the floor 0), and the trainer reads no floor."""
+    from hacpo_trl.sharing import SharingSettings
+
+    inputs = _inputs([0.5, 0.1])
+    inputs["hacpo_omega"], inputs["hacpo_taught"] = torch.ones(3), torch.tensor([False, True, True])
+    config, candidates = HACPOLossConfig(), inputs["hacpo_is_peer"] & inputs["hacpo_valid"]
+    floored = SharingSettings(peer_prompts="failed", taught_ratio_floor=0.2)
+    clipped = score_peer_rows(torch.full((2, 2), -1.0), inputs, candidates, 0, config, floored)
+    assert clipped[0].tolist() == [False, False, True]
+    unfloored = SharingSettings(peer_prompts="failed", taught_ratio_floor=0.0)
+    assert score_peer_rows(torch.full((2, 2), -1.0), inputs, candidates, 0, config, unfloored) is None
+    logps = torch.full((3, 2), -1.0)
+    every = torch.arange(3)
+    assert rows_loss(logps, inputs, every, 0, None, config, False, floored).objective[2].item() == 0.0
+    assert rows_loss(logps, inputs, every, 0, None, config, False, unfloored).objective[2].item() != 0.0
+    trainer = (Path(__file__).resolve().parents[1] / "src" / "hacpo_trl" / "trainer.py").read_text()
+    assert "taught_ratio_floor" not in trainer
 
 
 def test_band_gate_scores_peer_rows_by_length_in_as_many_forwards_as_the_busiest_rank():

@@ -8,6 +8,9 @@ Taught rows (not in the paper): the rows of a peer on the prompts where it did b
 would drop them. They get :func:`taught_weight` instead: a bounded weight that does not vanish at low ratios, down
 to a floor (`taught_ratio_floor`) below which a trace is taken to be in a format the learner cannot write, and dropped.
 
+The floor comes with the learner's other sharing options: ``taught_floor`` below is its
+:class:`~hacpo_trl.sharing.SharingSettings` (the trainer's), whose ``taught_ratio_floor`` is read here, or a number.
+
 ``clipped`` below is what :func:`score_peer_rows` returns: ``(dropped, objective, ratio, bound)`` for the peer rows
 left out of the gradient pass (their mask, their summed constant objective, their ratio on the whole mini-batch,
 zero elsewhere, and the lower bound applied), or None when every row gets a backward pass.
@@ -31,7 +34,7 @@ from .algorithm import (
     stepwise_lower_bound,
 )
 from .padding import length_order
-from .sharing import peers_in_band
+from .sharing import SharingSettings, peers_in_band
 
 __all__ = [
     "TAUGHT_GAMMA",
@@ -51,6 +54,11 @@ __all__ = [
 Clipped = tuple[torch.Tensor, float, torch.Tensor, float]
 # LUFFY's shaping constant (Yan et al., 2025, "Learning to Reason under Off-Policy Guidance")
 TAUGHT_GAMMA = 0.1
+Floor = SharingSettings | float  # a learner's settings (their `taught_ratio_floor`), or the floor itself
+
+
+def _floor(taught_floor: Floor) -> float:
+    return taught_floor.taught_ratio_floor if isinstance(taught_floor, SharingSettings) else taught_floor
 
 
 def taught_weight(ratio: torch.Tensor, gamma: float = TAUGHT_GAMMA) -> torch.Tensor:
@@ -95,7 +103,7 @@ def score_peer_rows(
     candidates: torch.Tensor,
     update_index: int,
     config: HACPOLossConfig,
-    taught_floor: float = 0.0,
+    taught_floor: Floor = 0.0,
 ) -> Clipped | None:
     """The peer rows (of ``candidates``, whose per-token log-probs are ``logps``) whose ratio is outside the band
     ``[lb_m, 1]`` now, or for a taught row below ``taught_floor``: they get no gradient, so they need no backward
@@ -104,7 +112,7 @@ def score_peer_rows(
     bound = stepwise_lower_bound(update_index, config.delta, config.delta_step)
     outside = ~in_band(ratio, bound)
     taught = inputs["hacpo_taught"][candidates] if "hacpo_taught" in inputs else torch.zeros_like(outside)
-    outside = torch.where(taught, ratio < taught_floor, outside)
+    outside = torch.where(taught, ratio < _floor(taught_floor), outside)
     if not outside.any():
         return None
     omega = inputs["hacpo_omega"][candidates].to(ratio.dtype)
@@ -144,7 +152,7 @@ def rows_loss(
     clipped: Clipped | None,
     config: HACPOLossConfig,
     self_on_policy: bool = False,
-    taught_floor: float = 0.0,
+    taught_floor: Floor = 0.0,
 ) -> LossOutput:
     """:func:`~hacpo_trl.algorithm.hacpo_loss` over the mini-batch rows ``rows`` (indices), whose per-token
     log-probs are ``logps``; the dropped rows of ``clipped`` enter as their constant objective. With
@@ -179,7 +187,7 @@ def rows_loss(
         omega = inputs["hacpo_omega"][rows][taught].to(logps.dtype)
         coefficient = omega if config.capability_coefficient else torch.ones_like(omega)
         advantages = inputs["advantages"][rows][taught].to(logps.dtype)
-        taught_obj = taught_objective(log_ratio, advantages, coefficient, floor=taught_floor)
+        taught_obj = taught_objective(log_ratio, advantages, coefficient, floor=_floor(taught_floor))
         sub_valid = sub_valid & ~taught
         outside_rows += int(taught.sum())
         outside_objective = outside_objective + taught_obj.sum()
@@ -258,7 +266,7 @@ def band_ratios(
 
 
 def band_counts(
-    ratio: torch.Tensor, rows, peers: Sequence[str], config: HACPOLossConfig, taught_floor: float = 0.0
+    ratio: torch.Tensor, rows, peers: Sequence[str], config: HACPOLossConfig, taught_floor: Floor = 0.0
 ) -> list[int]:
     """How many valid rows of each of ``peers`` have their ``ratio`` (:func:`band_ratios`) in the band [lb_0, 1], or
     for a taught row at or above ``taught_floor`` (:func:`hacpo_trl.sharing.peers_in_band`); ``rows`` is the
@@ -267,5 +275,5 @@ def band_counts(
     sources = [rows.sources[k] for k in valid]
     taught = [bool(rows.taught[k]) for k in valid]
     bound = stepwise_lower_bound(0, config.delta, config.delta_step)
-    counts = peers_in_band(ratio, sources, peers, bound, taught, taught_floor)
+    counts = peers_in_band(ratio, sources, peers, bound, taught, _floor(taught_floor))
     return [counts[p] for p in peers]

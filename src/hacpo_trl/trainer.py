@@ -309,7 +309,7 @@ class HACPOTrainer(GRPOTrainer):
         with self._pass("band_gate"), self._rng_kept():
             score = functools.partial(self._row_logps, self.model, trial)
             ratio = peer_loss.band_ratios(trial, index, score, size, most, self.hacpo_loss_config)
-        counts = peer_loss.band_counts(ratio, rows, peers, self.hacpo_loss_config, self.sharing.taught_ratio_floor)
+        counts = peer_loss.band_counts(ratio, rows, peers, self.hacpo_loss_config, self.sharing)
         return dict(zip(peers, self._summed(torch.tensor(counts, device=self.accelerator.device)), strict=True))
 
     def _with_peer_rows(self, batch: dict, rows: peer_rows.PeerRows, prompt_ids, steps: int | None = None) -> dict:
@@ -353,7 +353,7 @@ class HACPOTrainer(GRPOTrainer):
                 self._row_logps(model, inputs, torch.arange(candidates.shape[0], device=candidates.device) == 0)
                 return None
             logps = self._row_logps(model, inputs, candidates)
-        return peer_loss.score_peer_rows(logps, inputs, candidates, update_index, cfg, self.sharing.taught_ratio_floor)
+        return peer_loss.score_peer_rows(logps, inputs, candidates, update_index, cfg, self.sharing)
 
     def _compute_loss(self, model, inputs):
         with self._pass("train"):
@@ -370,8 +370,8 @@ class HACPOTrainer(GRPOTrainer):
                 self._updates.has_rows = bool(self._updates.has_rows) or has_rows
             rows, logps = keep.nonzero().flatten(), self._row_logps(model, inputs, keep)
             on_policy = self._self_on_policy or mode == "eval"
-            cfg, floor = self.hacpo_loss_config, self.sharing.taught_ratio_floor
-            out = peer_loss.rows_loss(logps, inputs, rows, update_index, clipped, cfg, on_policy, floor)
+            cfg = self.hacpo_loss_config
+            out = peer_loss.rows_loss(logps, inputs, rows, update_index, clipped, cfg, on_policy, self.sharing)
             stats, peer_ratios = metrics.loss_row_sums(out, rows, inputs, clipped, int(keep.sum()))
             self._log(mode, metrics.loss_metrics(self._summed(stats), out.lower_bound, out.kl))
             if mode != "train":
