@@ -1,6 +1,8 @@
 """A flag on the command line means what the same key means in the recipe: the launch reads one recipe, the YAML
 with the flags over it."""
 
+import os
+
 import pytest
 import yaml
 
@@ -30,6 +32,35 @@ def test_share_gpus_on_the_command_line_places_the_process_as_the_config_will(tm
     placed.clear()
     assert train.main(["--config", str(tmp_path / "r.yaml")]) == 2
     assert placed == [([1, 1], False)]
+
+
+def test_a_launch_reads_the_recipe_once_and_checks_it_once(tmp_path, monkeypatch):
+    """`hacpo-train` reads the YAML file once: the checks, the placement and the argument parser get the mapping
+    read (the parser once read the file again), and the checks before any ML library run once (they ran twice,
+    once more inside the recipe check); `--plan` alike."""
+    from hacpo_trl import recipe as recipe_module
+
+    written = {"agents": [{"name": "a", "model_name_or_path": "builtin:tiny-llama"}], "use_cpu": True,
+               "output_dir": str(tmp_path / "out"), "max_steps": 1, "report_to": "none", "env": {"HACPO_SEEN": "1"}}  # fmt: skip
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(written))
+    reads, checks, runs = [], [], []
+    load, preflight = yaml.load, recipe_module.preflight
+    monkeypatch.setattr(yaml, "load", lambda stream, Loader: (reads.append(hasattr(stream, "read")), load(stream, Loader))[1])  # fmt: skip
+
+    def counted(*args, **kwargs):
+        checks.append(args[0]["max_steps"])
+        return preflight(*args, **kwargs)
+
+    monkeypatch.setattr(recipe_module, "preflight", counted)
+    monkeypatch.setattr(train, "preflight", counted)
+    monkeypatch.setattr(train, "_run", lambda script_args, config, rewards: runs.append(config) or 0)
+    monkeypatch.delenv("HACPO_SEEN", raising=False)
+    assert train.main(["--config", str(tmp_path / "r.yaml"), "--max_steps", "2"]) == 0
+    assert (reads.count(True), checks, runs[0].max_steps, runs[0].use_cpu) == (1, [2], 2, True)
+    assert os.environ.pop("HACPO_SEEN") == "1"  # the recipe's `env`, set as TrlParser sets it
+    reads.clear(), checks.clear()
+    assert train.main(["--config", str(tmp_path / "r.yaml"), "--plan", "--max_steps", "3"]) in (0, 1)
+    assert (reads.count(True), checks) == (1, [3])
 
 
 @pytest.mark.parametrize(("requested", "expected"), [("true", "a/2"), ("True", "a/2"), ("false", None), (True, "a/2")])

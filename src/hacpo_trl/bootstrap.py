@@ -29,14 +29,14 @@ def task_datasets(script_args: HACPOScriptArguments):
     return data, None
 
 
-def place(recipe: dict, world: int) -> str | None:
+def place(recipe: dict, world: int, resolved=None) -> str | None:
     """Give this process its agent's GPUs and the CUDA allocator's settings while CUDA cannot have been initialised
     yet (see `hacpo_trl.placement`); returns the line that says the allocator was set, for the caller to print once
     the recipe has passed its checks (a refused recipe gets its one error line only). A recipe whose process counts
-    do not fit the launch is left to `check_recipe`."""
+    do not fit the launch is left to `check_recipe`. ``resolved``: the recipe's agents, if known."""
     from .placement import place_process, process_counts, set_cuda_allocator, share_gpus
 
-    counts = process_counts(recipe)
+    counts = resolved.process_counts if resolved is not None else process_counts(recipe)
     if world > 1 and counts is not None and sum(counts) == world:
         place_process(counts, share_gpus(recipe))
     return set_cuda_allocator(recipe)
@@ -78,15 +78,20 @@ def refuse(exc: Exception, prog: str = "hacpo-train", environ=os.environ) -> int
     return 2
 
 
-def parse_args(parser, argv: list[str]):
-    """TrlParser's parse, with argparse's usage page (1,300 lines of fields) folded into one `RecipeError` line."""
+def parse_args(parser, argv: list[str], recipe: dict | None = None):
+    """TrlParser's parse, with argparse's usage page (1,300 lines of fields) folded into one `RecipeError` line.
+    ``recipe``: the ``--config`` file as already read (`hacpo_trl.recipe.read_recipe`), given to the parser as
+    TrlParser gives the file it reads (``env`` into the environment, the rest as defaults under the flags)."""
     import contextlib
     import io
 
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            parsed = parser.parse_args_and_config(argv)
+            if recipe is None:
+                parsed = parser.parse_args_and_config(argv)
+            else:
+                parsed = _parse_with_recipe(parser, argv, recipe)
     except SystemExit as exc:
         if not exc.code:
             raise
@@ -94,3 +99,22 @@ def parse_args(parser, argv: list[str]):
         raise RecipeError(lines[-1].split(": error: ", 1)[1] if lines else captured.getvalue().strip()) from None
     sys.stderr.write(captured.getvalue())  # warnings of a good parse are the user's to see
     return parsed
+
+
+def _parse_with_recipe(parser, argv: list[str], recipe: dict):
+    """`TrlParser.parse_args_and_config` with its config file's mapping given, not read again."""
+    recipe, flags = dict(recipe), list(argv)
+    at = flags.index("--config") if "--config" in flags else None
+    if at is not None:
+        del flags[at : at + 2]
+    flags = [f for f in flags if not f.startswith("--config=")]
+    env = recipe.pop("env", {})
+    if not isinstance(env, dict):
+        raise ValueError("`env` field should be a dict in the YAML file.")
+    os.environ.update({key: str(value) for key, value in env.items()})
+    unknown = parser.set_defaults_with_config(**recipe)
+    if unknown:
+        raise ValueError(
+            f"Unknown arguments from config file: {unknown}. Please remove them, add them to the dataclass."
+        )
+    return parser.parse_args_into_dataclasses(args=flags)

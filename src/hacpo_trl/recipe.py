@@ -4,8 +4,9 @@ any other tool reading recipes import, so that none of them imports another for 
 Public functions (names are stable):
 
 - ``load_recipe(path, argv=None) -> dict``: the YAML recipe as a mapping (a key given twice is refused); with
-  ``argv``, command-line ``--key value`` flags override its keys, as they do for training.
-- ``check_recipe(recipe, num_processes=None)``: everything that can be checked without loading a model (keys with
+  ``argv``, command-line ``--key value`` flags override its keys, as they do for training. It is
+  ``effective_recipe(read_recipe(path), argv)``: a caller that also needs the file as written reads it once.
+- ``check_recipe(recipe, num_processes=None, checked=None)``: everything that can be checked without loading a model (keys with
   typo suggestions, agents, output folders, process counts against the launch, rewards, task); raises `RecipeError`,
   returns the agents resolved (`hacpo_trl.resolve`).
 - ``resolve_agents(recipe, fields=None)``: the recipe's agents, each with its settings and output folder; a bad
@@ -13,8 +14,9 @@ Public functions (names are stable):
 - ``config_path(argv) -> str | None``: the ``--config`` value of a command line.
 - ``cli_overrides(argv) -> dict``: the ``--key value`` flags of a command line as recipe keys.
 - ``preflight(recipe, num_processes=None)``: the checks that import no ML library (model folders, values, output
-  folders, dataset, rewards, process counts), run by every rank of a launch before anything heavy.
-- ``check_output_dir(recipe)``: refuse an output folder that already holds a run (unless overwrite or resume).
+  folders, dataset, rewards, process counts), run by every rank of a launch before anything heavy; returns the
+  agents resolved, for the steps after it.
+- ``check_output_dir(recipe, resolved=None)``: refuse an output folder that already holds a run (unless overwrite or resume).
 - ``numbers_as_values(argv) -> list[str]``: ``--flag -1e-4`` as ``--flag=-1e-4`` for argparse.
 
 `RecipeError` (a `ValueError`) carries a message naming the key and the fix. `HACPOScriptArguments` holds the
@@ -140,6 +142,11 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 def load_recipe(path: str, argv: list[str] | None = None) -> dict:
     """The recipe at ``path`` as a mapping; with ``argv``, its ``--key value`` flags override the recipe's keys
     (``--config`` itself is skipped), as the command line does for training."""
+    return effective_recipe(read_recipe(path), argv)
+
+
+def read_recipe(path: str) -> dict:
+    """The YAML file at ``path`` as written (a key given twice is refused): the one parse of a recipe per process."""
     if not os.path.isfile(path):
         raise RecipeError(f"recipe file {path!r} does not exist")
     with open(path) as f:
@@ -153,6 +160,11 @@ def load_recipe(path: str, argv: list[str] | None = None) -> dict:
             raise RecipeError(f"{path}: malformed YAML: {exc}") from None
     if not isinstance(recipe, dict):
         raise RecipeError(f"recipe {path!r} must be a YAML mapping of settings")
+    return recipe
+
+
+def effective_recipe(recipe: dict, argv: list[str] | None = None) -> dict:
+    """A recipe as written with ``argv``'s ``--key value`` flags over its keys and its `sharing` mode expanded."""
     if argv:
         recipe = {**recipe, **{k: v for k, v in cli_overrides(argv).items() if k != "config"}}
     try:
@@ -200,10 +212,13 @@ def resolve_agents(recipe: dict, fields: set[str] | None = None) -> ResolvedReci
         raise RecipeError(f"recipe key 'agents': {exc}") from None
 
 
-def check_recipe(recipe: dict, num_processes: int | None = None) -> ResolvedRecipe:
+def check_recipe(
+    recipe: dict, num_processes: int | None = None, checked: ResolvedRecipe | None = None
+) -> ResolvedRecipe:
     """Everything that can be checked without loading a model: keys, agents (their overrides included), output
     folders, then `preflight` (process counts, model folders, values, rewards) except the dataset, which a plan on
-    paper does not need. Returns the recipe's agents, resolved.
+    paper does not need; ``checked``, what `preflight` returned for this recipe, says it ran already. Returns the
+    recipe's agents, resolved.
 
     Raises :class:`RecipeError` naming the first problem.
     """
@@ -221,7 +236,8 @@ def check_recipe(recipe: dict, num_processes: int | None = None) -> ResolvedReci
             raise RecipeError(f"recipe key 'agents.{agent.name}.model_name_or_path' is missing")
     if recipe.get("eval_split", "test") not in ("test", "validation"):
         raise RecipeError(f"recipe key 'eval_split' must be 'test' or 'validation', got {recipe['eval_split']!r}")
-    preflight(recipe, num_processes, data=False)
+    if checked is None:
+        preflight(recipe, num_processes, data=False)
     return resolved
 
 
@@ -273,7 +289,7 @@ def _dataset_cached(name: str) -> bool:
     )
 
 
-def preflight(recipe: dict, num_processes: int | None = None, environ=os.environ, data: bool = True) -> None:
+def preflight(recipe: dict, num_processes: int | None = None, environ=os.environ, data: bool = True) -> ResolvedRecipe:
     """The checks that read only the recipe, the launch environment and the file system, importing no ML library:
     a deterministic function of those, so every rank of a launch reaches the same verdict in a second or two.
 
@@ -282,7 +298,7 @@ def preflight(recipe: dict, num_processes: int | None = None, environ=os.environ
     < 0 (run and per agent), ``max_completion_length <= 0``, an output folder that is a file, the task name, a local
     dataset file that does not exist, a Hub dataset id while the Hub is offline and nothing is cached
     (``data=False`` skips the dataset), and reward names / import paths. Raises `RecipeError` naming the first
-    problem.
+    problem; returns the agents resolved.
     """
     resolved = resolve_agents(recipe)
     agents = resolved.agents
@@ -349,18 +365,19 @@ def preflight(recipe: dict, num_processes: int | None = None, environ=os.environ
         get_reward_funcs(task_reward_funcs(task) if names is None else names)
     except ValueError as exc:
         raise RecipeError(str(exc)) from None
+    return resolved
 
 
 _RUN_FILES = ("hacpo_summary.json", "hacpo_task.json", "log_history.json", "config.json", "adapter_config.json")
 
 
-def check_output_dir(recipe: dict) -> None:
+def check_output_dir(recipe: dict, resolved: ResolvedRecipe | None = None) -> None:
     """Refuse an output folder that already holds a run (the run's summary, a saved agent or a checkpoint) unless
     the recipe sets ``overwrite_output_dir`` or ``resume_from_checkpoint``: a second run would silently mix its
-    agents and summary with the first's."""
+    agents and summary with the first's. ``resolved``: the recipe's agents, if known."""
     if recipe.get("overwrite_output_dir") or recipe.get("resume_from_checkpoint"):
         return
-    resolved = resolve_agents(recipe)
+    resolved = resolved or resolve_agents(recipe)
     for folder in [resolved.output_dir] + [a.output_dir for a in resolved.agents]:
         if not isinstance(folder, str) or not os.path.isdir(folder):
             continue

@@ -25,9 +25,11 @@ from .recipe import (
     check_output_dir,
     check_recipe,
     config_path,
+    effective_recipe,
     load_recipe,
     numbers_as_values,
     preflight,
+    read_recipe,
 )
 from .trackers import check_trackers
 
@@ -207,19 +209,20 @@ def main(argv: list[str] | None = None) -> int:
         return plan(argv)
     argv = numbers_as_values(argv)
     try:
-        path = config_path(argv)
-        if path is not None:
+        path, written = config_path(argv), None
+        if path is not None:  # the recipe read once, the flags over it: what every check and the placement see
             world = int(os.environ.get("WORLD_SIZE", "1") or 1)
             launched = world if "RANK" in os.environ else None
-            recipe = load_recipe(path)
+            written = read_recipe(path)
+            recipe = effective_recipe(written)
             try:
-                effective = load_recipe(path, argv)
+                effective = effective_recipe(written, argv)
             except ValueError:  # not plain --key value flags: the argument parser below names the problem
                 effective = recipe
-            preflight(effective, num_processes=launched)  # every rank, before any ML library is imported
-            check_output_dir(effective)
-            said = place(effective, world)  # as the flags leave it; before anything imports trl (and maybe CUDA)
-            check_recipe(effective, num_processes=launched)  # as the flags leave it
+            resolved = preflight(effective, num_processes=launched)  # every rank, before any ML library is imported
+            check_output_dir(effective, resolved)
+            said = place(effective, world, resolved)  # before anything imports trl (and maybe CUDA)
+            check_recipe(effective, num_processes=launched, checked=resolved)
             if said and os.environ.get("RANK", "0") == "0":
                 print(said, file=sys.stderr, flush=True)
             filter_library_warnings(recipe, argv)
@@ -228,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         from .config import HACPOConfig
 
         parser = TrlParser((HACPOScriptArguments, HACPOConfig))
-        script_args, config = parse_args(parser, argv)
+        script_args, config = parse_args(parser, argv, written)  # the file as read above, not read again
         if not config.agents:
             raise RecipeError("recipe key 'agents' is missing: name at least one agent with its model_name_or_path")
         # before any download or vLLM start-up
