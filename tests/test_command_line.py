@@ -34,7 +34,7 @@ def test_share_gpus_on_the_command_line_places_the_process_as_the_config_will(tm
     assert placed == [([1, 1], False)]
 
 
-def test_a_launch_reads_the_recipe_once_and_checks_it_once(tmp_path, monkeypatch):
+def test_a_launch_reads_the_recipe_once_and_checks_it_once(tmp_path, monkeypatch, capsys):
     """`hacpo-train` reads the YAML file once: the checks, the placement and the argument parser get the mapping
     read (the parser once read the file again), and the checks before any ML library run once (they ran twice,
     once more inside the recipe check); `--plan` alike."""
@@ -61,6 +61,11 @@ def test_a_launch_reads_the_recipe_once_and_checks_it_once(tmp_path, monkeypatch
     reads.clear(), checks.clear()
     assert train.main(["--config", str(tmp_path / "r.yaml"), "--plan", "--max_steps", "3"]) in (0, 1)
     assert (reads.count(True), checks) == (1, [3])
+    # the key check reuses the agents the checks resolved, and still refuses an override that is no field
+    written["agents"][0]["overrides"] = {"temprature": 0.5}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(written))
+    assert train.main(["--config", str(tmp_path / "r.yaml")]) == 2
+    assert "recipe key 'agents': agent 'a': cannot override 'temprature'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("requested", "expected"), [("true", "a/2"), ("True", "a/2"), ("false", None), (True, "a/2")])

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from .presets import expand_sharing
-from .resolve import ResolvedRecipe, resolve
+from .resolve import ResolvedRecipe, check_overrides, resolve
 
 __all__ = [
     "HACPOScriptArguments",
@@ -230,7 +230,15 @@ def check_recipe(
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise RecipeError(f"unknown recipe key {key!r}{hint}")
-    resolved = resolve_agents(recipe, {f.name for f in dataclasses.fields(HACPOConfig)})
+    fields = {f.name for f in dataclasses.fields(HACPOConfig)}
+    if checked is None:
+        resolved = resolve_agents(recipe, fields)
+    else:  # resolved by `preflight`: only the overrides' field names are left to check
+        resolved = checked
+        try:
+            check_overrides(resolved, fields)
+        except ValueError as exc:
+            raise RecipeError(f"recipe key 'agents': {exc}") from None
     for agent in resolved.agents:
         if not agent.spec.model_name_or_path:
             raise RecipeError(f"recipe key 'agents.{agent.name}.model_name_or_path' is missing")

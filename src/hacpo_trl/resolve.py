@@ -30,6 +30,7 @@ __all__ = [
     "ResolvedRecipe",
     "agent_output_dir",
     "as_specs",
+    "check_overrides",
     "resolve",
 ]
 
@@ -189,6 +190,12 @@ def _own_settings(spec: AgentSpec, fields: Collection[str] | None) -> dict[str, 
             )
         own[key] = value
     return own
+
+
+def check_overrides(resolved: ResolvedRecipe, fields: Collection[str]) -> None:
+    """The check :func:`resolve` makes with ``fields``, on agents it resolved without them."""
+    for agent in resolved.agents:
+        _own_settings(agent.spec, fields)
 
 
 @dataclass(frozen=True)
