@@ -141,7 +141,9 @@ def test_finished_runs_are_reused_only_with_the_agents_they_were_trained_from(tm
     elsewhere = json.loads(json.dumps(here))
     elsewhere["trace-base"] |= {"steps": 340, "validation_accuracy": 0.27}
     (tmp_path / "state" / "agents.json").write_text(json.dumps(elsewhere))
-    with pytest.raises(SystemExit, match=r"trained from other agents than the ones built here .*'steps': 340.*set HACPO_CACHE"):
+    with pytest.raises(
+        SystemExit, match=r"trained from other agents than the ones built here .*'steps': 340.*set HACPO_CACHE"
+    ):
         reproduce.check_reused_agents(tmp_path, "state", finished=3)
 
 
