@@ -127,9 +127,7 @@ MACHINE_PATH = re.compile(rb"(?<![\w.~/-])/(work|tmp|root|home|Users)/")
 
 def test_no_tracked_file_holds_a_machine_path():
     """Records (commands, run folders, logs) hold paths relative to the repository root: an absolute path of the
-    machine that wrote them means nothing in another checkout; the run records are read decompressed. The training
-    logs (`log_history.json`) are left out of the scan: they hold only metric names and numbers, and reading their
-    hundreds of MB takes a minute."""
+    machine that wrote them means nothing in another checkout; the run records are read decompressed."""
     for folder in (b"work", b"tmp", b"root", b"home"):
         assert MACHINE_PATH.search(b"--out /" + folder + b"/main/runs") and MACHINE_PATH.search(b"(/" + folder + b"/x)")
     assert not MACHINE_PATH.search(b"--out scratch/tmp/runs https://example.org/home/x ~/work/ benchmarks/runs/")
@@ -139,12 +137,25 @@ def test_no_tracked_file_holds_a_machine_path():
     hits = []
     for name in listed.decode().split("\0"):
         path = ROOT / name
-        if name and not name.endswith("/log_history.json") and path.is_file():
+        if name and path.is_file():
             data = gzip.decompress(path.read_bytes()) if name.endswith(".gz") else path.read_bytes()
             hits += [f"{name}: {m.group().decode()}..." for m in MACHINE_PATH.finditer(data)][:1]
     assert not hits, "absolute machine paths in tracked files (record them relative to the repository root):\n" + (
         "\n".join(hits[:20])
     )
+
+
+def test_the_tracked_tree_is_compact():
+    """A clone carries code, docs and compact evidence: run folders' weights, logs and summaries stay in the ignored
+    run folders (docs/benchmark.md), and the tracked tree stays under 30 MB."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    names = [name for name in listed.decode().split("\0") if name]
+    runs = [n for n in names if n.startswith("benchmarks/runs/") and not n.endswith(("/runs.jsonl.gz", "/agents.json"))]
+    assert not runs, f"run folder files are tracked (git rm --cached them; the run records suffice): {runs[:5]}"
+    size = sum((ROOT / name).stat().st_size for name in names if (ROOT / name).is_file())
+    assert size < 30e6, f"the tracked tree is {size / 1e6:.1f} MB; the goal is under 30 MB"
 
 
 def _first_screen_figures() -> dict[tuple[str, str], str]:
