@@ -12,8 +12,8 @@ per agent, `_worker.py`); the methods' order rotates from pair to pair, and the 
 run, so load from other processes on a shared machine falls on every method. The first generation batch of every
 run is warm-up and left out.
 
-`--preset` runs GSPO and GSPO's recipe with `sharing: recommended` (on the benchmark's schedule for it,
-`reproduce.py`) alternately in one launch per pair, `--reps` times each, and reports the ratio per repetition, over
+`--preset` runs GSPO and GSPO's recipe with the line `sharing: recommended` (its batching unchanged: 2 updates of 32
+own rows per generation batch, taught rows joining them) alternately in one launch per pair, `--reps` times each, and reports the ratio per repetition, over
 every batch and over the batches at which no agent was taught a prompt (its own section of RESULTS.md).
 
 Wall time per generation batch is the sum of TRL's `step_time` (generation, scoring, exchange, every forward and
@@ -37,16 +37,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "src"))
 from _common import free_port, provenance, write_section  # noqa: E402
-from reproduce import GRID_PAIRS, HACPO_SCHEDULE, METHODS, PRESET_METHODS, SOLO, _flags  # noqa: E402
+from reproduce import GRID_PAIRS, METHODS, _flags  # noqa: E402
 
 from hacpo_trl.demo import PAIRS  # noqa: E402
 
 COMPARED = ("GSPO", "HACPO", "GSPO×2")
 ROWS = {"GSPO": 64, "HACPO": 128, "GSPO×2": 128}  # rows one agent trains on per generation batch
-# `--preset`: GSPO against GSPO's recipe with `sharing: recommended`, on the benchmark's schedule for it (4 updates
-# configured per generation batch, 2 made when the learner is taught nothing: the solo schedule)
+# `--preset`: GSPO against GSPO's recipe plus the line `sharing: recommended`, as a user runs it (GSPO's batching;
+# the same optimizer steps as the benchmark's solo schedule, `behaviour-check-preset/`)
 PRESET = "recommended"
-PRESET_RUN = ({"sharing": PRESET, **SOLO, **HACPO_SCHEDULE}, METHODS[PRESET_METHODS[PRESET]][2])
+_GSPO, _, _GSPO_UPDATES = METHODS["GSPO"]
+PRESET_RUN = ({**_GSPO, "share_rollouts": True, "sharing": PRESET}, _GSPO_UPDATES)
 PRESET_PAIRS = ["state", "size", "model", "style", "complement"]
 PARTS = ("generate", "exchange_wait", "exchange_transfer", "loss_and_backward")
 
@@ -192,8 +193,7 @@ def preset_lines(results: dict[str, dict], args: argparse.Namespace, argv: list[
         provenance("overhead.py", argv, elapsed),
         "",
         f"Per pair one launch running GSPO and GSPO's recipe with `sharing: {PRESET}` alternately (A B, B A, …), "
-        "the preset on the benchmark's schedule for it (4 updates of 16 rows configured per generation batch, 2 made "
-        "when the learner is taught nothing), "
+        "GSPO's batching unchanged (2 updates of 32 own rows per generation batch, taught rows joining them), "
         f"{args.reps} repetitions, repetition i on seed i for both; {args.steps} generation batches per run, the "
         "first left out as warm-up. s / batch: TRL's `step_time` + optimizer, summed over a generation batch's "
         "updates, mean over the measured batches, median over repetitions. Ratio: preset / GSPO over the same "

@@ -390,7 +390,12 @@ def test_overhead_preset_times_each_batch_and_splits_the_batches_without_a_taugh
     gives each batch's step + optimizer time and whether it taught; the ratios compare the same batches, and a batch
     at which either agent was taught leaves the untaught ratio of both."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from overhead import PRESET, batch_times, preset_ratios
+    from overhead import PRESET, PRESET_RUN, batch_times, preset_ratios
+    from reproduce import METHODS
+
+    # the preset runs as a user runs it: GSPO's recipe, its batching unchanged, plus the one line
+    gspo_settings, _, gspo_updates = METHODS["GSPO"]
+    assert PRESET_RUN == ({**gspo_settings, "share_rollouts": True, "sharing": PRESET}, gspo_updates)
 
     def batch(step, seconds, taught):
         return [
