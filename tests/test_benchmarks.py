@@ -601,3 +601,47 @@ def test_choose_applies_a_screen_rule_by_hand(tmp_path, capsys):
     assert "| **worst** | +0.000 | +0.010 | +0.000 |" in out and "Chosen: A (MA)" in out
     assert main(["--screens", screen("part.json", [1], 0.01, 0.02), *args]) == 0
     assert "nothing is chosen" in capsys.readouterr().out
+
+
+def test_vllm_pair_learning_reports_each_agents_gain_and_interval_by_hand(tmp_path):
+    """`vllm_pair_learning.py`: from hand-made runs of 3 seeds (4 updates per generation batch, evaluated after 4 and
+    12 batches), each agent's row gives before, after per seed, and the mean gain with its 95% t-interval (t(2) =
+    4.303) at each point: gains 0.10, 0.12, 0.14 (sd 0.02) lie above 0, gains 0.1, 0.2, 0.3 (sd 0.1) do not."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce as rp
+    from vllm_pair_learning import PAIR, rows
+
+    def run(llama: float, qwen: float) -> dict:
+        return {
+            "vllm-llama": {"accuracy_before": 0.5, "accuracy_after": 0.5 + llama, "curve": [[16, 0.5], [48, 0.5 + llama]]},
+            "vllm-qwen2": {"accuracy_before": 0.3, "accuracy_after": 0.3 + qwen, "curve": [[16, 0.3], [48, 0.3 + qwen]]},
+        }  # fmt: skip
+
+    results = {PAIR: {"HACPO": {0: run(0.10, 0.1), 1: run(0.12, 0.2), 2: run(0.14, 0.3)}}}
+    grid = argparse.Namespace(out=tmp_path, split="test", steps=12, pair_steps={}, learning_rate=None, seeds=[0, 1, 2])
+    entry = rp._report(results, grid, {"HACPO": rp.METHODS["HACPO"]}, {"HACPO": 32})["settings"][PAIR]
+    llama, qwen = rows(entry, "HACPO", "paper")
+    half = [4.303 * s / math.sqrt(3) for s in (0.02, 0.1)]
+    assert llama == (
+        f"| paper | vllm-llama | 0.50 | 0.60, 0.62, 0.64 | 4: +0.000 [+0.000, +0.000]; "
+        f"12: +0.120 [{0.12 - half[0]:+.3f}, {0.12 + half[0]:+.3f}] | yes |"
+    )
+    assert qwen == (
+        f"| paper | vllm-qwen2 | 0.30 | 0.40, 0.50, 0.60 | 4: +0.000 [+0.000, +0.000]; "
+        f"12: +0.200 [{0.2 - half[1]:+.3f}, {0.2 + half[1]:+.3f}] | no |"
+    )
+
+
+def test_vllm_pair_learning_table_regenerates_from_the_run_records(monkeypatch):
+    """The committed `vllm_pair_learning` section of RESULTS.md is what its command makes from the run records."""
+    _records_only(monkeypatch)
+    import reproduce as rp
+    from vllm_pair_learning import METHODS, PAIR, lines_for, parse
+
+    page = ROOT / "benchmarks" / "RESULTS.md"
+    args = parse(_command(page, "vllm_pair_learning"))
+    results = {
+        METHODS[m]: {s: rp._runs.record(rp._folder(args.out, PAIR, METHODS[m], s))["summary"] for s in args.seeds}
+        for m in args.methods
+    }
+    assert [*lines_for(args, results), ""] == _section(page, "vllm_pair_learning")
