@@ -24,7 +24,8 @@ each is clearly better on its own half (`HalfAgent`; the build records its accur
 
 The *vllm* pair (``PAIRS["vllm"]``), on ``arithmetic``: ``vllm-llama`` (character tokenizer, the stronger) and
 ``vllm-qwen2`` (byte-level BPE), shaped for vLLM's CPU attention (head_dim 32, untied embeddings; `VllmAgent`), so
-that the vLLM path runs on CPU with agents that score from the start.
+that the vLLM path runs on CPU with agents that score from the start and learn the task (with the recommended preset
+within 8 generation batches: benchmarks/RESULTS.md).
 
 Every agent is warm-started with a short supervised run on its task's ``warmup`` split (never the RL ``train`` or
 the held-out ``test`` split), until its accuracy on validation problems lies in a stated band (``BUILTIN_AGENTS``),
