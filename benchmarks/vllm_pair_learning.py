@@ -78,7 +78,9 @@ def lines_for(args: argparse.Namespace, results: dict[str, dict[int, dict]]) -> 
         f"{args.steps} generation batches of 8 prompts x 4 completions per agent, seeds {seeds}; greedy accuracy "
         "on the first 100 held-out `test` problems of `arithmetic` before and after each run (the same problems, "
         "so the gain is paired by seed), and the mean gain after *n* generation batches with its 95% t-interval "
-        "across seeds. *Learned*: the interval at the last point lies above 0.",
+        "across seeds. *Learned*: the interval at the last point lies above 0. "
+        + ", ".join(f"{name}: `{METHODS[name]}`" for name in args.methods)
+        + ".",
         "",
         "| sharing | agent | before | after, per seed | mean gain [95% interval] after n batches | learned |",
         "|---|---|---|---|---|---|",
