@@ -2,7 +2,7 @@
 
     python docs/make_options.py        # or: make docs
 
-The docstrings of `HACPOConfig` (src/hacpo_trl/config.py), of `SharingFields` (src/hacpo_trl/sharing.py, the
+The docstrings of `HACPOConfig` (src/hacpo_trl/config.py), of `SharingFields` (src/hacpo_trl/sharing_settings.py, the
 per-learner sharing settings `HACPOConfig` inherits; its entries go where `HACPOConfig`'s docstring names it) and of
 `AgentSpec` (src/hacpo_trl/resolve.py) are the one home of what each option means; this file only reformats them
 (read with `ast`, so nothing is imported: no torch, no trl). A field declared in `HACPOConfig` or `SharingFields`
@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "src" / "hacpo_trl" / "config.py"
-SHARING = ROOT / "src" / "hacpo_trl" / "sharing.py"
+SHARING = ROOT / "src" / "hacpo_trl" / "sharing_settings.py"
 AGENT = ROOT / "src" / "hacpo_trl" / "resolve.py"
 OPTIONS = ROOT / "docs" / "options.md"
 # a HACPOConfig entry: "name (`type`, *optional*, defaults to `x`):", or "a / b (...)" for two names at once
@@ -101,7 +101,7 @@ def _declared(cls: ast.ClassDef) -> dict[str, tuple[str, str]]:
 
 
 def render(config_source: str, agent_source: str, sharing_source: str) -> str:
-    """options.md from the source of config.py (`HACPOConfig`), resolve.py (`AgentSpec`) and sharing.py
+    """options.md from the source of config.py (`HACPOConfig`), resolve.py (`AgentSpec`) and sharing_settings.py
     (`SharingFields`)."""
     config, spec = _class(ast.parse(config_source), "HACPOConfig"), _class(ast.parse(agent_source), "AgentSpec")
     learner = _class(ast.parse(sharing_source), "SharingFields")

@@ -86,7 +86,7 @@ def test_a_broken_link_is_caught(tmp_path):
 def test_options_reference_is_current():
     make_options = _module(ROOT / "docs" / "make_options.py")
     package = ROOT / "src" / "hacpo_trl"
-    sources = (package / "config.py", package / "resolve.py", package / "sharing.py")
+    sources = (package / "config.py", package / "resolve.py", package / "sharing_settings.py")
     expected = make_options.render(*(path.read_text() for path in sources))
     assert (ROOT / "docs" / "options.md").read_text() == expected, (
         "docs/options.md is stale: run `make docs` (python docs/make_options.py) and commit it"

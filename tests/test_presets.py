@@ -241,7 +241,7 @@ def test_each_learner_setting_is_declared_once():
     package = ROOT / "src" / "hacpo_trl"
     config_class, settings_class = (
         _class(package / "config.py", "HACPOConfig"),
-        _class(package / "sharing.py", "SharingSettings"),
+        _class(package / "sharing_settings.py", "SharingSettings"),
     )
     for node in (config_class, settings_class):
         own = {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)} & set(LEARNER_SETTINGS)
@@ -271,5 +271,5 @@ def test_each_learner_setting_is_declared_once():
             for n in names
         ]
 
-    assert sorted(documented(_class(package / "sharing.py", "SharingFields"))) == sorted(LEARNER_SETTINGS)
+    assert sorted(documented(_class(package / "sharing_settings.py", "SharingFields"))) == sorted(LEARNER_SETTINGS)
     assert not set(documented(config_class)) & set(LEARNER_SETTINGS)

@@ -14,7 +14,7 @@ from .placement import launch_engine, share_gpus
 from .presets import PRESET_SETTINGS, expand_sharing
 from .resolve import AgentSpec, ResolvedAgent, ResolvedRecipe, agent_output_dir, resolve
 from .schedule import ends_inside_batch, generation_groups_problem, solo_fits, update_schedule_problem
-from .sharing import RUN_WIDE_SETTINGS, SharingFields, SharingSettings, parse_learn_from
+from .sharing_settings import RUN_WIDE_SETTINGS, SharingFields, SharingSettings, parse_learn_from
 from .topology import AgentTopology, init_agent_worlds
 
 __all__ = ["AgentSpec", "HACPOConfig", "agent_output_dir"]  # AgentSpec: see `hacpo_trl.resolve`

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from .cache import builtin_name
 from .presets import SHARING_PRESETS, describe_sharing
 from .pretrained import original_model
-from .sharing import LEARNER_SETTINGS
+from .sharing_settings import LEARNER_SETTINGS
 
 __all__ = [
     "CARD_SETTINGS",

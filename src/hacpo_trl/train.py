@@ -167,7 +167,7 @@ def short_help() -> str:
 
     lines = [_WORKFLOW, "task, data and reporting:"]
     folder = os.path.dirname(recipe.__file__)
-    config, sharing = (open(os.path.join(folder, name)).read() for name in ("config.py", "sharing.py"))
+    config, sharing = (open(os.path.join(folder, name)).read() for name in ("config.py", "sharing_settings.py"))
     classes = ((inspect.getsource(recipe), "HACPOScriptArguments"), (config, "HACPOConfig"), (sharing, "SharingFields"))
     for source, cls in classes:
         body = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls).body
