@@ -429,10 +429,10 @@ def test_plan_sizes_a_batch_of_taught_or_rescued_rows_for_all_peer_rows_in_the_s
     assert text in format_plan(plan)
     at_03 = make_plan({**preset, "vllm_gpu_memory_utilization": 0.3}, dm, launch, H100, 7500)
     assert any(p.startswith("agent 'qwen3-4b-base'") and "does not fit" in p for p in at_03.problems)
-    rescue = {**preset, "taught_schedule": "sharing", "peer_prompts": "all", "capability_gate": 1.0}
-    rescue = make_plan({**rescue, "capability_gate_rescue": True}, dm, launch, H100, 7500)
+    paper = {**preset, "sharing": "paper"}  # no taught rows (the preset's taught settings would be refused)
+    rescue = make_plan({**paper, "capability_gate": 1.0, "capability_gate_rescue": True}, dm, launch, H100, 7500)
     assert [a.batch["few_prompts_rows_per_forward"] for a in rescue.agents] == [8, 8]
-    neither = make_plan({**preset, "taught_schedule": "sharing", "peer_prompts": "all"}, dm, launch, H100, 7500)
+    neither = make_plan(paper, dm, launch, H100, 7500)
     assert [a.batch["few_prompts_rows_per_forward"] for a in neither.agents] == [None, None]
 
 
@@ -508,6 +508,40 @@ def test_peer_filter_note_reads_each_agents_own_setting():
         "agent 'a': peer_filter 'correct': its peer rows and rows per forward pass are upper bounds",
         "agent 'b': peer_filter 'positive': its peer rows and rows per forward pass are upper bounds",
     ]
+
+
+def test_plan_imports_no_torch():
+    """`--plan` checks a GPU recipe on a laptop: the plan and the sharing settings it reads import no torch."""
+    code = "import sys, hacpo_trl.plan, hacpo_trl.sharing_settings; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_plan_reads_each_learners_sharing_settings_from_their_one_declaration(monkeypatch):
+    """The plan reads an agent's sharing settings through `SharingSettings`, as the config does: a default changed
+    in that one declaration reaches the plan, and a combination the config refuses is refused, naming the agent."""
+    import dataclasses
+
+    import hacpo_trl.plan as plan_module
+    from hacpo_trl.sharing_settings import SharingSettings
+
+    agents = [{"name": "a", "model_name_or_path": "a", "overrides": {"peer_prompts": "failed"}}]
+    agents.append({"name": "b", "model_name_or_path": "b"})
+    dm = {"a": dims("Qwen/Qwen3-4B-Base"), "b": dims("Qwen/Qwen3-4B-Base")}
+    cpu = Launch("cpu", num_processes=2)
+    plan = make_plan(_pair(agents=agents), dm, cpu, None)
+    assert [a.batch["solo_steps_per_generation"] for a in plan.agents] == [None, None]
+
+    @dataclasses.dataclass(frozen=True)
+    class OneSoloUpdate(SharingSettings):
+        solo_steps_per_generation: int | None = 1  # as if SharingFields' default were 1
+
+    monkeypatch.setattr(plan_module, "SharingSettings", OneSoloUpdate)
+    plan = make_plan(_pair(agents=agents), dm, cpu, None)
+    assert [a.batch["solo_steps_per_generation"] for a in plan.agents] == [1, 1]
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=r"^agent 'b': `taught_scale: 0.5` acts on taught rows"):
+        make_plan(_pair(agents=agents, taught_scale=0.5), dm, cpu, None)
 
 
 def test_plan_reads_an_agents_own_vllm_setting():

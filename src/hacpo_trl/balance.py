@@ -27,6 +27,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from .presets import expand_sharing
+
 __all__ = ["Balance", "agent_flops", "best_split", "divisible", "idle_shares", "nearest_batch", "report", "step_times"]
 
 
@@ -148,11 +150,12 @@ def report(recipe: dict, agents: list[tuple[str, int, int]], prompt_tokens: floa
     if completions is None:  # TRL: per_device_train_batch_size x processes x steps_per_generation, the same for all
         completions = int(get("per_device_train_batch_size", 8)) * agents[0][2] * spg
     completion_tokens = int(get("max_completion_length", 256)) / 2
+    sharing = bool(expand_sharing(recipe)["share_rollouts"]) and n_agents > 1  # the sharing mode's, if left out
     costs = {
         name: sum(
             agent_flops(
                 params, completions, prompt_tokens, completion_tokens, n_agents,
-                sharing=bool(get("share_rollouts", True)) and n_agents > 1, beta=float(get("beta", 0.0) or 0.0),
+                sharing=sharing, beta=float(get("beta", 0.0) or 0.0),
                 peer_scoring=bool(get("skip_clipped_peer_backward", True)),
                 activation_checkpointing=bool(get("activation_checkpointing") or get("gradient_checkpointing")),
                 num_iterations=int(get("num_iterations", 1)),

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from .presets import describe_sharing, expand_sharing
 from .resolve import ResolvedAgent, resolve
 from .schedule import ends_inside_batch, solo_fits, update_schedule_problem, updates_within_batches
+from .sharing_settings import SharingSettings
 
 __all__ = [
     "GIB",
@@ -285,11 +286,21 @@ class Plan:
         return not self.problems
 
 
-def batch_arithmetic(agent: ResolvedAgent, n_ranks: int, n_agents: int) -> dict[str, object]:
+def learner_settings(agent: ResolvedAgent) -> SharingSettings:
+    """The agent's sharing settings as training checks and reads them: its named mode's values where the recipe
+    leaves a setting out, then :class:`~hacpo_trl.sharing_settings.SharingSettings`' defaults."""
+    return SharingSettings.from_values(expand_sharing(agent.settings), f"agent {agent.name!r}: ")
+
+
+def batch_arithmetic(
+    agent: ResolvedAgent, n_ranks: int, n_agents: int, learner: SharingSettings | None = None
+) -> dict[str, object]:
     """The generation batch and how it is cut into forward passes and optimizer updates, per agent (TRL 1.16:
     ``generation_batch_size = per_device_train_batch_size x world x steps_per_generation``; HACPO appends the peers'
-    rows to each rank's own and splits the whole into ``steps_per_generation`` micro-batches, own rows first)."""
+    rows to each rank's own and splits the whole into ``steps_per_generation`` micro-batches, own rows first).
+    ``learner``: the agent's :func:`learner_settings`, where the caller has them."""
     get = agent.get  # the agent's settings: the run's, its own fields, its overrides
+    learner = learner if learner is not None else learner_settings(agent)
     per_device = int(get("per_device_train_batch_size", 8))
     ga = int(get("gradient_accumulation_steps", 1))
     spg = get("steps_per_generation")
@@ -299,7 +310,7 @@ def batch_arithmetic(agent: ResolvedAgent, n_ranks: int, n_agents: int) -> dict[
     spg = int(spg)
     iterations = int(get("num_iterations", 1))
     num_generations = int(get("num_generations", 8))
-    sharing = bool(get("share_rollouts", True)) and n_agents > 1
+    sharing = bool(expand_sharing(agent.settings)["share_rollouts"]) and n_agents > 1  # the mode's, if left out
     own_per_rank = per_device * spg
     peer_per_rank = (n_agents - 1) * own_per_rank if sharing else 0
     rows_per_forward = (own_per_rank + peer_per_rank) // spg
@@ -310,14 +321,14 @@ def batch_arithmetic(agent: ResolvedAgent, n_ranks: int, n_agents: int) -> dict[
             own = sum(max(0, min((m % spg + 1) * rows_per_forward, own_per_rank) - m % spg * rows_per_forward)
                       for m in range(u * ga, (u + 1) * ga))  # fmt: skip
             per_update.append({"own": own * n_ranks, "peer": (ga * rows_per_forward - own) * n_ranks})
-    solo = get("solo_steps_per_generation")
+    solo = learner.solo_steps_per_generation
     solo = int(solo) if sharing and solo else None  # the trainer checks that it divides into whole updates
     # a batch with rescued or taught peer rows only (`capability_gate_rescue`, `taught_schedule: solo`) adds them to
     # the solo micro-batches: at most all
-    few = solo and (bool(get("capability_gate_rescue", False)) or get("taught_schedule", "sharing") == "solo")
+    few = solo and (learner.capability_gate_rescue or learner.taught_schedule == "solo")
     # per-prompt sharing with taught rows on the solo schedule never uses the sharing schedule: without
     # `solo_steps_per_generation` every batch is cut as GSPO cuts this recipe's, taught rows joining its updates
-    gspo = sharing and not solo and get("peer_prompts", "all") != "all" and get("taught_schedule") == "solo"
+    gspo = sharing and not solo and learner.peer_prompts != "all" and learner.taught_schedule == "solo"
     return {
         "gspo_schedule": gspo,
         "per_device_train_batch_size": per_device,
@@ -539,6 +550,7 @@ def make_plan(
     n_agents = len(resolved.agents)
     completion = int(recipe.get("max_completion_length", 512))  # equal for every agent (SHARED_SETTINGS)
     agents: list[AgentPlan] = []
+    learners: dict[str, SharingSettings] = {}  # each agent's sharing settings, checked as the config checks them
     schedules = []
     start = 0
     for agent in resolved.agents:
@@ -558,7 +570,8 @@ def make_plan(
         lora_cfg = agent.spec.lora
         lora = lora_cfg is not None
         trainable = d.lora_params(int(lora_cfg.get("r", 8)), lora_cfg.get("target_modules")) if lora else d.params
-        batch = batch_arithmetic(agent, n, n_agents)
+        learners[name] = learner_settings(agent)
+        batch = batch_arithmetic(agent, n, n_agents, learners[name])
         init = get("model_init_kwargs") or {}
         load_bytes = _dtype_bytes(init.get("dtype"), 4)
         beta = float(get("beta", 0.0))
@@ -669,7 +682,7 @@ def make_plan(
         straddles = update_schedule_problem(*schedule) if batch["sharing"] else None  # as `HACPOConfig` refuses it
         if straddles:
             problems.append(f"agent {name!r}: {straddles}")
-        solo = get("solo_steps_per_generation")  # checked for every agent, as the config does
+        solo = learners[name].solo_steps_per_generation  # checked for every agent, as the config does
         if solo and not solo_fits(int(solo), batch["steps_per_generation"], batch["gradient_accumulation_steps"]):
             problems.append(
                 f"agent {name!r}: solo_steps_per_generation {solo} must divide steps_per_generation "
@@ -724,9 +737,9 @@ def make_plan(
         )
     # each learner's own filter (it may differ per agent)
     for agent in resolved.agents:
-        if agent.get("peer_filter", "all") != "all":
+        if (peer_filter := learners[agent.name].peer_filter) != "all":
             notes.append(
-                f"agent {agent.name!r}: peer_filter {agent.get('peer_filter')!r}: its peer rows and rows per forward "
+                f"agent {agent.name!r}: peer_filter {peer_filter!r}: its peer rows and rows per forward "
                 "pass are upper bounds"
             )
     if len({s for s in schedules}) > 1:

@@ -408,9 +408,10 @@ class SharingSettings:
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any], who: str = "") -> SharingSettings:
-        """A learner's settings out of a config's values (``vars(config)``, with an agent's overrides applied); a
-        setting left out takes its default."""
-        band = bool(not values.get("naive") and values.get("peer_clipping"))
+        """A learner's settings out of a config's values (``vars(config)``, with an agent's overrides applied) or a
+        recipe's (``--plan``); a setting left out takes its default, and the loss has a peer band unless ``naive`` or
+        ``peer_clipping: false`` says otherwise."""
+        band = not values.get("naive") and values.get("peer_clipping") is not False
         chosen = {f.name: values.get(f.name, f.default) for f in fields(cls) if f.name in LEARNER_SETTINGS}
         return cls(**chosen, capability_metric=values.get("capability_metric"), band=band, who=who)
 
