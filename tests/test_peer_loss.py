@@ -10,6 +10,9 @@ import torch
 from hacpo_trl.algorithm import HACPOLossConfig, hacpo_loss
 from hacpo_trl.peer_loss import batch_row_flags, gradient_rows, has_gradient_rows, rows_loss, score_peer_rows
 from hacpo_trl.schedule import current_update, self_on_policy
+from hacpo_trl.sharing_settings import SharingSettings
+
+FLOORED, UNFLOORED = (SharingSettings(peer_prompts="failed", taught_ratio_floor=f) for f in (0.2, 0.0))
 
 
 def _inputs(ratios):
@@ -185,12 +188,12 @@ def test_a_taught_row_below_the_floor_gets_no_gradient_one_above_keeps_its_weigh
     config = HACPOLossConfig()
     candidates = inputs["hacpo_is_peer"] & inputs["hacpo_valid"]
     w = 0.55 / 0.6
-    clipped = score_peer_rows(torch.full((2, 2), -1.0), inputs, candidates, 0, config, taught_floor=0.2)
+    clipped = score_peer_rows(torch.full((2, 2), -1.0), inputs, candidates, 0, config, FLOORED)
     assert clipped[0].tolist() == [False, False, True] and clipped[1] == 0.0
     assert clipped[2][2].item() == pytest.approx(0.1)
     rows = gradient_rows(inputs["hacpo_is_peer"], clipped)
     logps = torch.full((3, 2), -1.0, requires_grad=True)
-    out = rows_loss(logps[rows], inputs, rows, 0, clipped, config, taught_floor=0.2)
+    out = rows_loss(logps[rows], inputs, rows, 0, clipped, config, sharing=FLOORED)
     out.loss.backward()
     torch.testing.assert_close(logps.grad[1], torch.full((2,), -w / 2 / 3))
     torch.testing.assert_close(logps.grad[2], torch.zeros(2))
@@ -198,35 +201,37 @@ def test_a_taught_row_below_the_floor_gets_no_gradient_one_above_keeps_its_weigh
     # no scoring pass (clipped None): both rows in the gradient pass, the floored one with weight 0
     logps = torch.full((3, 2), -1.0, requires_grad=True)
     every = torch.arange(3)
-    out = rows_loss(logps, inputs, every, 0, None, config, taught_floor=0.2)
+    out = rows_loss(logps, inputs, every, 0, None, config, sharing=FLOORED)
     out.loss.backward()
     torch.testing.assert_close(logps.grad[2], torch.zeros(2))
     assert out.objective[2].item() == 0.0 and out.loss.item() == pytest.approx(-w / 3, rel=1e-5)
     # floor 0: the row at 0.1 teaches with w(0.1) = 0.55
-    assert score_peer_rows(torch.full((2, 2), -1.0), inputs, candidates, 0, config) is None
+    assert score_peer_rows(torch.full((2, 2), -1.0), inputs, candidates, 0, config, UNFLOORED) is None
     logps = torch.full((3, 2), -1.0, requires_grad=True)
-    out = rows_loss(logps, inputs, every, 0, None, config)
+    out = rows_loss(logps, inputs, every, 0, None, config, sharing=UNFLOORED)
     out.loss.backward()
     torch.testing.assert_close(logps.grad[2], torch.full((2,), -0.55 / 2 / 3))
 
 
 def test_the_floor_travels_in_the_learners_settings():
-    """The trainer hands the loss its learner's SharingSettings, not a loose float: its `taught_ratio_floor` acts
-    (the row at s = 0.1 is dropped at 0.2, kept by the paper's rule with the floor 0), and the trainer reads no floor."""
-    from hacpo_trl.sharing import SharingSettings
-
+    """The trainer hands the loss its learner's SharingSettings, the only floor it takes: its `taught_ratio_floor`
+    acts (the row at s = 0.1 is dropped at 0.2, kept with the floor 0), and the trainer reads no floor. A caller that
+    gives none has the paper's rule (0.2)."""
     inputs = _inputs([0.5, 0.1])
     inputs["hacpo_omega"], inputs["hacpo_taught"] = torch.ones(3), torch.tensor([False, True, True])
     config, candidates = HACPOLossConfig(), inputs["hacpo_is_peer"] & inputs["hacpo_valid"]
-    floored = SharingSettings(peer_prompts="failed", taught_ratio_floor=0.2)
+    floored = FLOORED
     clipped = score_peer_rows(torch.full((2, 2), -1.0), inputs, candidates, 0, config, floored)
     assert clipped[0].tolist() == [False, False, True]
-    unfloored = SharingSettings(peer_prompts="failed", taught_ratio_floor=0.0)
+    unfloored = UNFLOORED
     assert score_peer_rows(torch.full((2, 2), -1.0), inputs, candidates, 0, config, unfloored) is None
     logps = torch.full((3, 2), -1.0)
     every = torch.arange(3)
     assert rows_loss(logps, inputs, every, 0, None, config, False, floored).objective[2].item() == 0.0
     assert rows_loss(logps, inputs, every, 0, None, config, False, unfloored).objective[2].item() != 0.0
+    assert score_peer_rows(torch.full((2, 2), -1.0), inputs, candidates, 0, config)[0].tolist() == [False, False, True]
+    with pytest.raises(AttributeError):  # a bare number is not a learner's settings
+        score_peer_rows(torch.full((2, 2), -1.0), inputs, candidates, 0, config, 0.2)
     trainer = (Path(__file__).resolve().parents[1] / "src" / "hacpo_trl" / "trainer.py").read_text()
     assert "taught_ratio_floor" not in trainer
 
@@ -263,12 +268,13 @@ def test_band_gate_scores_peer_rows_by_length_in_as_many_forwards_as_the_busiest
         sources=["B", "B", "C", "C"], valid=[True, True, True, False], taught=[False] * 4
     )  # the appended peer rows
     assert band_counts(ratio, rows, ["B", "C"], HACPOLossConfig()) == [1, 0]  # only 0.9 is in [0.8, 1]
-    # taught rows have no band: they count at or above the floor (0.7 and 1.5 do at 0.5, none at 2)
+    # taught rows have no band: they count at or above the floor (0.7 and 1.5 do at 0.5, only 1.5 at 0.95)
     rows.taught = [True, True, True, True]
-    assert band_counts(ratio, rows, ["B", "C"], HACPOLossConfig(), taught_floor=0.5) == [2, 1]
-    assert band_counts(ratio, rows, ["B", "C"], HACPOLossConfig(), taught_floor=2.0) == [0, 0]
+    floor = {f: SharingSettings(peer_prompts="failed", taught_ratio_floor=f) for f in (0.5, 0.95, 0.8)}
+    assert band_counts(ratio, rows, ["B", "C"], HACPOLossConfig(), floor[0.5]) == [2, 1]
+    assert band_counts(ratio, rows, ["B", "C"], HACPOLossConfig(), floor[0.95]) == [1, 0]
     rows.taught = [False, True, True, True]  # B's 0.9 by the band, B's 1.5 and C's 0.7 by the floor
-    assert band_counts(ratio, rows, ["B", "C"], HACPOLossConfig(), taught_floor=0.8) == [2, 0]
+    assert band_counts(ratio, rows, ["B", "C"], HACPOLossConfig(), floor[0.8]) == [2, 0]
     no_peers = {**batch, "hacpo_valid": torch.tensor([True, True, False, False, False, False])}
     assert band_ratios(no_peers, band_order(no_peers), score, size=2, most=3, config=HACPOLossConfig()).numel() == 0
     assert scored[3:] == [[0], [0]]  # a rank with no peer row still runs the busiest rank's 2 forwards

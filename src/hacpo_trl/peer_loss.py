@@ -8,8 +8,9 @@ Taught rows (not in the paper): the rows of a peer on the prompts where it did b
 would drop them. They get :func:`taught_weight` instead: a bounded weight that does not vanish at low ratios, down
 to a floor (`taught_ratio_floor`) below which a trace is taken to be in a format the learner cannot write, and dropped.
 
-The floor comes with the learner's other sharing options: ``taught_floor`` below is its
-:class:`~hacpo_trl.sharing.SharingSettings` (the trainer's), whose ``taught_ratio_floor`` is read here, or a number.
+The floor comes with the learner's other sharing options: ``sharing`` below is its
+:class:`~hacpo_trl.sharing_settings.SharingSettings` (the trainer's), whose ``taught_ratio_floor`` is read here; left
+out, the paper's defaults.
 
 ``clipped`` below is what :func:`score_peer_rows` returns: ``(dropped, objective, ratio, bound)`` for the peer rows
 left out of the gradient pass (their mask, their summed constant objective, their ratio on the whole mini-batch,
@@ -34,7 +35,8 @@ from .algorithm import (
     stepwise_lower_bound,
 )
 from .padding import length_order
-from .sharing import SharingSettings, peers_in_band
+from .sharing import peers_in_band
+from .sharing_settings import SharingSettings
 
 __all__ = [
     "TAUGHT_GAMMA",
@@ -54,11 +56,7 @@ __all__ = [
 Clipped = tuple[torch.Tensor, float, torch.Tensor, float]
 # LUFFY's shaping constant (Yan et al., 2025, "Learning to Reason under Off-Policy Guidance")
 TAUGHT_GAMMA = 0.1
-Floor = SharingSettings | float  # a learner's settings (their `taught_ratio_floor`), or the floor itself
-
-
-def _floor(taught_floor: Floor) -> float:
-    return taught_floor.taught_ratio_floor if isinstance(taught_floor, SharingSettings) else taught_floor
+_PAPER = SharingSettings()  # a learner's sharing settings where a caller gives none: the paper's rule
 
 
 def taught_weight(ratio: torch.Tensor, gamma: float = TAUGHT_GAMMA) -> torch.Tensor:
@@ -103,16 +101,16 @@ def score_peer_rows(
     candidates: torch.Tensor,
     update_index: int,
     config: HACPOLossConfig,
-    taught_floor: Floor = 0.0,
+    sharing: SharingSettings = _PAPER,
 ) -> Clipped | None:
     """The peer rows (of ``candidates``, whose per-token log-probs are ``logps``) whose ratio is outside the band
-    ``[lb_m, 1]`` now, or for a taught row below ``taught_floor``: they get no gradient, so they need no backward
-    pass. None when every candidate is inside."""
+    ``[lb_m, 1]`` now, or for a taught row below the learner's ``sharing.taught_ratio_floor``: they get no gradient,
+    so they need no backward pass. None when every candidate is inside."""
     ratio = peer_log_ratios(logps, inputs, candidates, config).exp()
     bound = stepwise_lower_bound(update_index, config.delta, config.delta_step)
     outside = ~in_band(ratio, bound)
     taught = inputs["hacpo_taught"][candidates] if "hacpo_taught" in inputs else torch.zeros_like(outside)
-    outside = torch.where(taught, ratio < _floor(taught_floor), outside)
+    outside = torch.where(taught, ratio < sharing.taught_ratio_floor, outside)
     if not outside.any():
         return None
     omega = inputs["hacpo_omega"][candidates].to(ratio.dtype)
@@ -152,13 +150,13 @@ def rows_loss(
     clipped: Clipped | None,
     config: HACPOLossConfig,
     self_on_policy: bool = False,
-    taught_floor: Floor = 0.0,
+    sharing: SharingSettings = _PAPER,
 ) -> LossOutput:
     """:func:`~hacpo_trl.algorithm.hacpo_loss` over the mini-batch rows ``rows`` (indices), whose per-token
     log-probs are ``logps``; the dropped rows of ``clipped`` enter as their constant objective. With
     ``self_on_policy`` the self rows' old log-prob is the current one (TRL skips old log-probs when a generation
     batch is used for exactly one update: the self ratio is 1 in value). TRL's importance-sampling weights apply to
-    self rows only. A taught row below ``taught_floor`` gets weight 0 (:func:`taught_objective`)."""
+    self rows only. A taught row below ``sharing.taught_ratio_floor`` gets weight 0 (:func:`taught_objective`)."""
     is_peer, valid = inputs["hacpo_is_peer"], inputs["hacpo_valid"]
     mask = inputs["completion_mask"][rows]
     sub_peer = is_peer[rows]
@@ -187,7 +185,7 @@ def rows_loss(
         omega = inputs["hacpo_omega"][rows][taught].to(logps.dtype)
         coefficient = omega if config.capability_coefficient else torch.ones_like(omega)
         advantages = inputs["advantages"][rows][taught].to(logps.dtype)
-        taught_obj = taught_objective(log_ratio, advantages, coefficient, floor=_floor(taught_floor))
+        taught_obj = taught_objective(log_ratio, advantages, coefficient, floor=sharing.taught_ratio_floor)
         sub_valid = sub_valid & ~taught
         outside_rows += int(taught.sum())
         outside_objective = outside_objective + taught_obj.sum()
@@ -266,14 +264,14 @@ def band_ratios(
 
 
 def band_counts(
-    ratio: torch.Tensor, rows, peers: Sequence[str], config: HACPOLossConfig, taught_floor: Floor = 0.0
+    ratio: torch.Tensor, rows, peers: Sequence[str], config: HACPOLossConfig, sharing: SharingSettings = _PAPER
 ) -> list[int]:
     """How many valid rows of each of ``peers`` have their ``ratio`` (:func:`band_ratios`) in the band [lb_0, 1], or
-    for a taught row at or above ``taught_floor`` (:func:`hacpo_trl.sharing.peers_in_band`); ``rows`` is the
-    :class:`~hacpo_trl.peer_rows.PeerRows` appended."""
+    for a taught row at or above ``sharing.taught_ratio_floor`` (:func:`hacpo_trl.sharing.peers_in_band`); ``rows``
+    is the :class:`~hacpo_trl.peer_rows.PeerRows` appended."""
     valid = [k for k, ok in enumerate(rows.valid) if ok]
     sources = [rows.sources[k] for k in valid]
     taught = [bool(rows.taught[k]) for k in valid]
     bound = stepwise_lower_bound(0, config.delta, config.delta_step)
-    counts = peers_in_band(ratio, sources, peers, bound, taught, _floor(taught_floor))
+    counts = peers_in_band(ratio, sources, peers, bound, taught, sharing.taught_ratio_floor)
     return [counts[p] for p in peers]
