@@ -260,6 +260,24 @@ def test_cpu_recipe_plan(path, capsys):
     assert f"global ranks 0-{ranks - 1} on cpu" in out
 
 
+def test_plan_reads_the_recipes_agents_once(monkeypatch, capsys):
+    """One `--plan` resolves the recipe's agents once: the checks, the preflight and the plan read the same ones."""
+    import hacpo_trl.resolve
+
+    calls = []
+    original = hacpo_trl.resolve.resolve
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    for module in ("resolve", "recipe", "plan", "placement", "config"):
+        monkeypatch.setattr(f"hacpo_trl.{module}.resolve", counted)
+    path = ROOT / "recipes" / "tiny_size.yaml"
+    assert plan_main(["--config", str(path), "--plan", "--accelerate_config", str(_accelerate_config(path))]) == 0
+    assert "agent " in capsys.readouterr().out and len(calls) == 1
+
+
 @pytest.mark.launch
 def test_plan_command_exits_nonzero_with_the_reason(tmp_path, hub_cache):
     """Through `python -m hacpo_trl.train`: a recipe that does not fit exits 1 naming the agent; a model whose

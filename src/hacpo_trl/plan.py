@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass, field
 
 from .presets import describe_sharing, expand_sharing
-from .resolve import ResolvedAgent, resolve
+from .resolve import ResolvedAgent, ResolvedRecipe, resolve
 from .schedule import ends_inside_batch, solo_fits, update_schedule_problem, updates_within_batches
 from .sharing_settings import SharingSettings
 
@@ -517,13 +517,15 @@ def make_plan(
     fused_lm_head: bool = True,
     prompt_tokens: dict[str, int] | None = None,
     expandable_segments: bool = False,
+    resolved: ResolvedRecipe | None = None,
 ) -> Plan:
     """The whole plan. ``dims`` maps agent name -> its model's dimensions; ``device_gib`` is one GPU's memory
     (None: CPU); ``fused_lm_head`` is False for a TRL older than 1.16 (materialised logits); ``prompt_tokens`` maps
     agent name -> its longest prompt in tokens (missing: 1,024); ``expandable_segments``: the CUDA allocator's
-    setting. ``problems`` lists what will not run; an empty list means the plan passes."""
+    setting; ``resolved``: the agents of ``recipe`` where the caller has resolved them (one reading per process).
+    ``problems`` lists what will not run; an empty list means the plan passes."""
     recipe = expand_sharing(recipe)  # a named sharing mode, as the config reads it
-    resolved = resolve(recipe)
+    resolved = resolved if resolved is not None else resolve(recipe)
     problems: list[str] = []
     notes: list[str] = []
     total = sum(resolved.process_counts)

@@ -201,7 +201,9 @@ def build_plan(
     rows = dataset_rows if dataset_rows is not None else _dataset_rows(recipe)
     prompts, notes = prompt_tokens(recipe, specs)
 
-    def replan(changed: dict):
+    defaults = _defaults()
+
+    def replan(changed: dict, agents=None):
         return make_plan(
             changed,
             dims,
@@ -211,10 +213,11 @@ def build_plan(
             _trl_fuses_lm_head(),
             prompt_tokens=prompts,
             expandable_segments=allocator_expandable(recipe, environ),
+            resolved=agents,
         )
 
-    plan = replan({**_defaults(), **recipe})
-    plan.fixes = fixes({**_defaults(), **recipe}, plan, replan)
+    plan = replan({**defaults, **recipe}, resolved.under(defaults))  # the agents the checks read, not read again
+    plan.fixes = fixes({**defaults, **recipe}, plan, replan)
     plan.notes.extend(notes)
     if assumed:
         plan.notes.append("share_gpus: the plan assumes one GPU per node (no GPU here); pass --gpus_per_node N")

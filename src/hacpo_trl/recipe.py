@@ -245,7 +245,7 @@ def check_recipe(
     if recipe.get("eval_split", "test") not in ("test", "validation"):
         raise RecipeError(f"recipe key 'eval_split' must be 'test' or 'validation', got {recipe['eval_split']!r}")
     if checked is None:
-        preflight(recipe, num_processes, data=False)
+        preflight(recipe, num_processes, data=False, resolved=resolved)
     return resolved
 
 
@@ -297,7 +297,13 @@ def _dataset_cached(name: str) -> bool:
     )
 
 
-def preflight(recipe: dict, num_processes: int | None = None, environ=os.environ, data: bool = True) -> ResolvedRecipe:
+def preflight(
+    recipe: dict,
+    num_processes: int | None = None,
+    environ=os.environ,
+    data: bool = True,
+    resolved: ResolvedRecipe | None = None,
+) -> ResolvedRecipe:
     """The checks that read only the recipe, the launch environment and the file system, importing no ML library:
     a deterministic function of those, so every rank of a launch reaches the same verdict in a second or two.
 
@@ -306,9 +312,9 @@ def preflight(recipe: dict, num_processes: int | None = None, environ=os.environ
     < 0 (run and per agent), ``max_completion_length <= 0``, an output folder that is a file, the task name, a local
     dataset file that does not exist, a Hub dataset id while the Hub is offline and nothing is cached
     (``data=False`` skips the dataset), and reward names / import paths. Raises `RecipeError` naming the first
-    problem; returns the agents resolved.
+    problem; returns the agents resolved (``resolved``: this recipe's agents, where the caller has them already).
     """
-    resolved = resolve_agents(recipe)
+    resolved = resolved or resolve_agents(recipe)
     agents = resolved.agents
     generations = recipe.get("num_generations")
     if _number(generations) is not None and _number(generations) < 2:

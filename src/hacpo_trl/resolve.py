@@ -236,6 +236,17 @@ class ResolvedRecipe:
     def agent(self, name: str) -> ResolvedAgent:
         return next(a for a in self.agents if a.name == name)
 
+    def under(self, defaults: Mapping[str, Any]) -> ResolvedRecipe:
+        """These agents with ``defaults`` beneath each one's settings: what :func:`resolve` gives for
+        ``{**defaults, **recipe}``, without resolving the recipe again. ``defaults`` may not name the agents or an
+        output folder, which decide what the agents are."""
+        if {"agents", "output_dir"} & set(defaults):
+            raise ValueError("`defaults` may not set `agents` or `output_dir`: resolve the recipe with them instead")
+        agents = tuple(
+            dataclasses.replace(a, settings=MappingProxyType({**defaults, **a.settings})) for a in self.agents
+        )
+        return ResolvedRecipe(agents, self.output_dir)
+
 
 def resolve(
     recipe: Mapping[str, Any], fields: Collection[str] | None = None, default: AgentSpec | None = None
