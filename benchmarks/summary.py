@@ -1,5 +1,5 @@
-"""The first screen of benchmarks/RESULTS.md: what the recommended preset gives each agent against GSPO, next to
-the paper's rule and Naive sharing, and what it costs, recomputed from the held-out grid.
+"""The held-out grid's section of benchmarks/RESULTS.md: what the grid's preset gave each agent against GSPO, next to
+the paper's rule and Naive sharing, and what it cost, recomputed from the grid.
 
     python benchmarks/summary.py     # rewrites the `summary` section at the top of benchmarks/RESULTS.md
 
@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _runs  # noqa: E402
 from _common import resolved, write_section  # noqa: E402
-from reproduce import RECOMMENDED, STRONGER, _folder, mean_ci  # noqa: E402
+from reproduce import PRESET_METHODS, RECOMMENDED, STRONGER, _folder, mean_ci  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPARED = (("the paper's rule", "HACPO"), ("Naive", "Naive"))
@@ -66,13 +66,15 @@ def _runs_folder(report: dict) -> Path | None:
     return folder
 
 
-def _gate_and_rows(runs: Path, pair: str, agent: str, seeds: list[int]) -> tuple[int, int, list[float]] | None:
+def _gate_and_rows(
+    runs: Path, pair: str, agent: str, seeds: list[int], preset: str
+) -> tuple[int, int, list[float]] | None:
     """The preset's runs of one agent: generation batches at which it learned from a peer, of all batches, and the
     peer rows appended (after `peer_filter`) at those batches."""
     opened = batches = 0
     rows: list[float] = []
     for seed in seeds:
-        run = _runs.record(_folder(runs, pair, RECOMMENDED, seed))
+        run = _runs.record(_folder(runs, pair, preset, seed))
         if run is None or agent not in run["logs"]:
             return None
         for entry in _runs.batches(run["logs"][agent]):
@@ -96,17 +98,28 @@ def _wall(runs: Path, pair: str, method: str, seeds: list[int]) -> list[float] |
     return times
 
 
+def _preset_sentence(preset: str, settings: dict) -> str:
+    """The grid's preset by its `sharing:` name and settings, and whether it is still the recommended one."""
+    name = next((n for n, m in PRESET_METHODS.items() if m == preset), None)
+    shown = ", ".join(f"`{k}: {str(v).lower() if isinstance(v, bool) else v}`" for k, v in settings.items())
+    if preset == RECOMMENDED:
+        return f"The grid's preset is the recommended one, `sharing: {name}` (`{preset}`): {shown}."
+    return (
+        f"The grid's preset is `sharing: {name}` (`{preset}`): {shown}; the recommended preset is now "
+        "`sharing: recommended`, measured on held-out in the section above."
+    )
+
+
 def lines_for(report: dict) -> list[str]:
-    if not RECOMMENDED or report.get("recommended") != RECOMMENDED:
-        raise SystemExit(f"results.json names the preset {report.get('recommended')!r}, reproduce.py {RECOMMENDED!r}")
+    preset = report.get("recommended")
+    if preset not in PRESET_METHODS.values():
+        raise SystemExit(f"results.json names the preset {preset!r}, which reproduce.py's PRESET_METHODS do not")
     settings = report["recommended_settings"]
     seeds = report["seeds"]
     out = [
-        "## What the benchmark shows (`benchmarks/summary.py`)",
+        "## The held-out grid (`benchmarks/summary.py`)",
         "",
-        f"The recommended preset is `{RECOMMENDED}`: "
-        + ", ".join(f"`{k}: {str(v).lower() if isinstance(v, bool) else v}`" for k, v in settings.items())
-        + ". Held-out greedy accuracy on the 500 `test` problems after RL, seeds "
+        _preset_sentence(preset, settings) + " Held-out greedy accuracy on the 500 `test` problems after RL, seeds "
         f"{seeds[0]}–{seeds[-1]} paired by seed (same prompts, same initial agents); each difference is a mean over "
         f"the {len(seeds)} seeds with its 95% t-interval. *Stronger* and *weaker* are by P̂, the sampled accuracy "
         "HACPO's gate compares (in the size pair the weaker agent decodes better greedily). *= GSPO*: seeds in which "
@@ -126,25 +139,25 @@ def lines_for(report: dict) -> list[str]:
             acc = acc_by_agent[agent]
             before = entry["accuracy_before"][agent]
             gain = _ci(*mean_ci([a - before for a in acc["GSPO"]]))
-            preset, equal = _diff(acc, RECOMMENDED) if RECOMMENDED in acc else ("–", 0)
+            gain_of_preset, equal = _diff(acc, preset) if preset in acc else ("–", 0)
             others = [_diff(acc, method)[0] if method in acc else "–" for _, method in COMPARED]
             name = f"`{agent}` ({role})" if role else f"`{agent}`"
             out.append(
-                f"| {pair} | {name} | {before:.3f} | {gain} | **{preset}** | {equal}/{len(acc['GSPO'])} | "
+                f"| {pair} | {name} | {before:.3f} | {gain} | **{gain_of_preset}** | {equal}/{len(acc['GSPO'])} | "
                 + " | ".join(others)
                 + " |"
             )
-            gate = _gate_and_rows(runs, pair, agent, entry["seeds"]) if runs and RECOMMENDED in acc else None
+            gate = _gate_and_rows(runs, pair, agent, entry["seeds"], preset) if runs and preset in acc else None
             if gate:
                 opened, batches, rows = gate
                 peer = f", {statistics.mean(rows):.1f} correct peer rows per open batch" if rows else ""
                 gate_lines.append(f"- {pair}, `{agent}`: {opened} of {batches}{peer}")
-        walls = {m: _wall(runs, pair, m, entry["seeds"]) for m in ("GSPO", RECOMMENDED)} if runs else {}
+        walls = {m: _wall(runs, pair, m, entry["seeds"]) for m in ("GSPO", preset)} if runs else {}
         if walls and all(walls.values()):
-            ratios = [p / g for g, p in zip(walls["GSPO"], walls[RECOMMENDED], strict=True)]
+            ratios = [p / g for g, p in zip(walls["GSPO"], walls[preset], strict=True)]
             cost_lines.append(
                 f"| {pair} | {batches_of_pair} | {statistics.median(walls['GSPO']):.1f} | "
-                f"{statistics.median(walls[RECOMMENDED]):.1f} | {statistics.median(ratios):.2f} "
+                f"{statistics.median(walls[preset]):.1f} | {statistics.median(ratios):.2f} "
                 f"({min(ratios):.2f}–{max(ratios):.2f}) |"
             )
     if gate_lines:

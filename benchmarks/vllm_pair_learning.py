@@ -2,7 +2,7 @@
 held-out problems before and after N generation batches of `recipes/tiny_vllm.yaml`, over several seeds, with the
 mean gain and its 95% t-interval, at every evaluation point of the same runs.
 
-    python benchmarks/vllm_pair_learning.py     # 12 seeds, 16 generation batches; the preset, the paper's rule, no sharing
+    python benchmarks/vllm_pair_learning.py     # 12 seeds, 16 generation batches; the presets, the paper's rule, no sharing
 
 Generation runs on transformers' generate (`--use_vllm false`): it samples from the same weights as the agents'
 vLLM engines, which only change how fast a batch is drawn, and the main install has no vLLM. The runs are
@@ -26,7 +26,7 @@ from _common import provenance, write_section  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = "vllm"
 # `--methods` names (the recipe's `sharing:` names) -> reproduce.py's method of the same settings
-METHODS = {"recommended": rp.RECOMMENDED, "paper": "HACPO", "none": "GSPO"}
+METHODS = {"recommended": rp.RECOMMENDED, "quarter_weight": rp.QUARTER_PRESET, "paper": "HACPO", "none": "GSPO"}
 GENERATE = {"use_vllm": False}
 
 
@@ -48,7 +48,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(12)))
     parser.add_argument("--steps", type=int, default=16, help="generation batches per run")
     parser.add_argument("--eval_every", type=int, default=4, help="also evaluate every N generation batches")
-    parser.add_argument("--methods", nargs="+", default=["recommended", "paper", "none"], choices=list(METHODS))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--learning_rate", type=float, default=None, help="default: the recipe's")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/runs/vllm-pair-<steps>steps")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")

@@ -326,6 +326,51 @@ def test_two_looks_corrects_each_look_by_hand(tmp_path):
         main(files)
 
 
+def test_heldout_look_judges_rule_17s_bars_by_hand(tmp_path):
+    """`heldout_look.py`: by hand, with every stronger, complement and equal agent at its bar's edge: two stronger
+    agents above 0 meet the first bar and one does not; a complement agent at 0 misses the second; a lower end of
+    -0.021 (or a mean below 0) misses the third, -0.020 meets it; the moonshot needs every agent of the five pairs
+    above 0. Reports of one pair on other seeds pool (a second look); a seed in two reports is refused."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from heldout_look import NOISE, judge, main, paired_gains
+
+    above, edge = (0.02, 0.001, 0.04), (0.0, NOISE, 0.02)
+    gains = {("state", "trace-instruct"): above, ("state", "trace-base"): above,
+             ("size", "trace-large"): above, ("size", "trace-small"): above,
+             ("model", "trace-qwen2"): edge, ("model", "trace-llama"): above,
+             ("style", "trace-bracket"): edge, ("style", "trace-llama"): edge,
+             ("complement", "trace-carry"): above, ("complement", "trace-nocarry"): above,
+             ("equal", "trace-instruct"): edge, ("equal", "trace-qwen2"): edge}  # fmt: skip
+    bars = list(judge(gains))
+    assert list(judge(gains).values()) == [True, True, True, False]
+    assert judge({**gains, ("size", "trace-large"): edge})[bars[0]] is False  # one stronger agent above 0
+    assert judge({**gains, ("complement", "trace-carry"): edge})[bars[1]] is False
+    assert judge({**gains, ("equal", "trace-qwen2"): (0.0, -0.021, 0.02)})[bars[2]] is False
+    assert judge({**gains, ("equal", "trace-qwen2"): (-0.001, 0.0, 0.02)})[bars[2]] is False
+    assert judge({k: above for k in gains})[bars[3]] is True
+
+    def report(path, seeds, diffs):
+        gspo = [0.5] * len(seeds)
+        acc = {"a": {"GSPO": gspo, "M": [g + d for g, d in zip(gspo, diffs, strict=True)]}}
+        entry = {"agents": ["a"], "seeds": seeds, "accuracy": acc}
+        path.write_text(json.dumps({"seeds": seeds, "settings": {"complement": entry}}))
+        return json.loads(path.read_text())
+
+    first = report(tmp_path / "a.json", [0, 1], [0.03, 0.04])
+    second = report(tmp_path / "b.json", [2, 3], [0.05, 0.06])
+    diffs, seeds = paired_gains([first, second], "M")
+    assert diffs["complement", "a"] == pytest.approx([0.03, 0.04, 0.05, 0.06]) and seeds["complement"] == [0, 1, 2, 3]
+    out = tmp_path / "RESULTS.md"
+    runs = ["--runs", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--method", "M", "--results", str(out)]
+    assert main(runs) == 0
+    half = 4.177 * statistics.stdev([3, 4, 5, 6]) / 2 / 100  # t(3, 0.9875)
+    row = next(r for r in out.read_text().splitlines() if r.startswith("| complement"))
+    assert "| 0–3 | +0.045 |" in row and f"[{0.045 - half:+.3f}, {0.045 + half:+.3f}] | yes | yes |" in row, row
+    report(tmp_path / "b.json", [1, 2], [0.05, 0.07])
+    with pytest.raises(SystemExit, match=r"complement: seeds \[1\] in two reports"):
+        main(runs)
+
+
 def test_same_runs_flags_a_run_that_differs_or_is_missing(tmp_path):
     """`same_runs.py`: two outputs with equal per-run accuracies are the same (exit 0); one accuracy changed in the
     last digit, or a seed missing on one side, is flagged (exit 1) on that run's line only."""
@@ -511,9 +556,10 @@ def _command(path: Path, name: str) -> list[str]:
 
 
 def test_committed_log_tables_regenerate_from_the_run_records(tmp_path, monkeypatch):
-    """The tables made from the training logs (RESULTS.md's first screen, taught prompts, the preset's open batches
+    """The tables made from the training logs (RESULTS.md's first screens, taught prompts, the preset's open batches
     at a longer horizon, the three-agent runs) regenerate byte for byte from the run records."""
     _records_only(monkeypatch)
+    import heldout_look
     import preset_horizon
     import summary
     import taught_prompts
@@ -521,6 +567,9 @@ def test_committed_log_tables_regenerate_from_the_run_records(tmp_path, monkeypa
 
     report = json.loads((ROOT / "benchmarks" / "results.json").read_text())
     assert summary.lines_for(report) == _section(ROOT / "benchmarks" / "RESULTS.md", "summary")
+    page = ROOT / "benchmarks" / "RESULTS.md"
+    heldout_look.main([*_command(page, "heldout_look"), "--results", str(tmp_path / "look.md")])
+    assert _section(tmp_path / "look.md", "heldout_look") == _section(page, "heldout_look")
     pages = [ROOT / name for name in _committed("benchmarks/*RESULTS.md")]
     taught = [page for page in pages if "<!-- taught_prompts -->" in page.read_text()]
     assert len(taught) == 6

@@ -23,20 +23,27 @@ COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing
 
 def test_a_name_expands_to_its_settings_and_a_setting_beside_it_wins():
     assert expand_sharing({})["sharing"] == "paper" and expand_sharing({})["peer_prompts"] == "all"
-    out = expand_sharing({"sharing": "recommended", "taught_scale": 1.0, "band_gate": False})
-    assert {k: out[k] for k in ("peer_filter", "peer_prompts", "taught_schedule", "taught_ratio_floor")} == {
+    out = expand_sharing({"sharing": "recommended", "taught_cap": 0, "band_gate": False})
+    keys = (
+        "peer_filter",
+        "peer_prompts",
+        "taught_schedule",
+        "taught_ratio_floor",
+        "taught_failed_rate",
+        "taught_scale",
+    )
+    assert {k: out[k] for k in keys} == {
         "peer_filter": "correct", "peer_prompts": "failed", "taught_schedule": "solo", "taught_ratio_floor": 0.2,
+        "taught_failed_rate": 0.125, "taught_scale": 1.0,
     }  # fmt: skip
-    assert out["taught_scale"] == 1.0 and out["band_gate"] is False  # given beside it, even the paper's value
+    assert out["taught_cap"] == 0 and out["band_gate"] is False  # given beside it, even the paper's value
     assert "solo_steps_per_generation" not in out  # the recipe's own schedule: nothing skipped
     assert expand_sharing({"sharing": "none"})["share_rollouts"] is False
     with pytest.raises(ValueError, match=r"`sharing` must be one of \('paper', 'none', 'recommended'"):
         expand_sharing({"sharing": "recomended"})
     line = describe_sharing(out)
     assert (
-        line.startswith("sharing: recommended (")
-        and "taught_scale 1.0 (set)" in line
-        and "band_gate false (set)" in line
+        line.startswith("sharing: recommended (") and "taught_cap 0 (set)" in line and "band_gate false (set)" in line
     )
 
 
@@ -47,12 +54,13 @@ def test_the_papers_settings_are_the_defaults_of_the_learners_settings():
 
 
 def test_the_config_expands_the_name_and_keeps_what_is_set_beside_it(tmp_path):
-    cfg = HACPOConfig(output_dir=str(tmp_path), sharing="recommended", taught_scale=1.0, **COMMON)
-    assert (cfg.sharing, cfg.peer_prompts, cfg.taught_schedule, cfg.taught_scale) == (
+    cfg = HACPOConfig(output_dir=str(tmp_path), sharing="recommended", taught_scale=0.5, **COMMON)
+    assert (cfg.sharing, cfg.peer_prompts, cfg.taught_schedule, cfg.taught_cap, cfg.taught_scale) == (
         "recommended",
         "failed",
         "solo",
-        1,
+        3,
+        0.5,
     )
     assert cfg.sharing_settings().band_gate is True
     plain = HACPOConfig(output_dir=str(tmp_path), **COMMON)
@@ -73,16 +81,20 @@ def test_recipe_and_command_line_expand_alike_and_an_agent_cannot_name_a_mode(tm
         resolve({"agents": agents})
 
 
-def test_the_candidates_of_rule_17_are_the_recommended_preset_with_the_cap_and_the_rate():
-    """`capped_taught` is `recommended` at full weight with `taught_cap: 3`; `capped_almost_failed` adds
-    `taught_failed_rate: 0.125`; each makes a learner's checked settings, and the card line names what it changes."""
-    recommended, capped = SHARING_PRESETS["recommended"], SHARING_PRESETS["capped_taught"]
-    assert capped == {**recommended, "taught_scale": 1.0, "taught_cap": 3}
+def test_rule_17s_choice_is_the_recommended_preset_and_the_earlier_presets_keep_their_names():
+    """`capped_taught` is `failed_prompts` with `taught_cap: 3`; `capped_almost_failed` (B, chosen by rule 17) adds
+    `taught_failed_rate: 0.125` and is `recommended`; rule 16's preset is `quarter_weight`, `failed_prompts` at a
+    quarter weight. Each makes a learner's checked settings, and the card line names what it changes."""
+    failed, capped = SHARING_PRESETS["failed_prompts"], SHARING_PRESETS["capped_taught"]
+    assert capped == {**failed, "taught_cap": 3}
     assert SHARING_PRESETS["capped_almost_failed"] == {**capped, "taught_failed_rate": 0.125}
-    values = {**expand_sharing({"sharing": "capped_almost_failed"}), "naive": False, "peer_clipping": True}
+    assert SHARING_PRESETS["recommended"] == SHARING_PRESETS["capped_almost_failed"]
+    assert SHARING_PRESETS["quarter_weight"] == {**failed, "taught_scale": 0.25}
+    values = {**expand_sharing({"sharing": "recommended"}), "naive": False, "peer_clipping": True}
     settings = SharingSettings.from_values({**values, "capability_metric": "accuracy"})
     assert (settings.taught_cap, settings.taught_failed_rate, settings.taught_scale) == (3, 0.125, 1.0)
     assert describe_sharing(values).endswith("taught_cap 3, taught_failed_rate 0.125, band_gate true")
+    assert describe_sharing({"sharing": "quarter_weight"}).endswith("taught_scale 0.25, band_gate true")
     assert SHARING_PRESETS["paper"]["taught_cap"] == 0 and SHARING_PRESETS["paper"]["taught_failed_rate"] == 0
 
 

@@ -517,14 +517,14 @@ def test_a_learner_that_keeps_no_prompt_of_its_peer_trains_exactly_as_gspo(tmp_p
 
 @pytest.mark.launch
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("sharing", ["recommended", "capped_almost_failed"])
+@pytest.mark.parametrize("sharing", ["recommended", "quarter_weight"])
 def test_the_preset_on_gspos_schedule_skips_nothing_and_an_untaught_learner_trains_exactly_as_gspo(
     tmp_path, launch, gspo_run, sharing
 ):
     """`sharing: recommended` on the GSPO run's schedule, with a peer that solves nothing (qwen1): llama0 is never
     taught, so it makes GSPO's 8 optimizer steps (2 per generation batch, none skipped, no `solo_steps_per_generation`)
     and ends bit for bit as the GSPO baseline launched the same way; qwen1 is taught by llama0 within its own 2
-    updates per batch. The same with rule 17's candidate (`taught_cap`, `taught_failed_rate`)."""
+    updates per batch. The same with rule 16's preset (`taught_scale: 0.25`, no cap or failed rate)."""
     launch(2, "train_agents.py", "--out", str(tmp_path / "run"), "--steps", "8", "--learning_rate", "0.2",
            "--zero_reward", "1", "--sharing", sharing, "--override", "0:trim_padding=false")  # fmt: skip
     llama, qwen = summaries(tmp_path / "run")

@@ -109,14 +109,15 @@ class HACPOConfig(SharingFields, GRPOConfig):
             A named sharing mode, expanded (:mod:`hacpo_trl.presets`) into the settings below that the recipe leaves
             out; a setting given beside it wins. `"paper"`: the paper's rule (every peer row, in the band; each
             setting's default). `"recommended"`: `peer_filter: correct`, `peer_prompts: failed`,
-            `taught_ratio_floor: 0.2`, `taught_schedule: solo`, `taught_scale: 0.25`, `band_gate: true`; every
-            batch is cut as GSPO cuts the recipe's (no update skipped), taught rows joining its updates, so a GSPO
-            recipe plus this line makes GSPO's optimizer steps. `"none"`: `share_rollouts: false` (GSPO).
-            `"failed_prompts"`: the previous preset (`recommended` with `taught_scale: 1`); `"confident_gate"`: the
-            former one (`peer_filter: correct`, `capability_gate: 1`, `capability_gate_confidence: 0.95`,
-            `band_gate: true`; an open peer takes the paper's schedule). The benchmark's candidates of rule 17:
-            `"capped_taught"` (`recommended` with `taught_scale: 1` and `taught_cap: 3`) and
-            `"capped_almost_failed"` (that with `taught_failed_rate: 0.125`). `--plan`, `hacpo-probe`, the model card
+            `taught_failed_rate: 0.125`, `taught_ratio_floor: 0.2`, `taught_schedule: solo`, `taught_cap: 3`,
+            `band_gate: true`; every batch is cut as GSPO cuts the recipe's (no update skipped), taught rows joining
+            its updates, so a GSPO recipe plus this line makes GSPO's optimizer steps. `"none"`:
+            `share_rollouts: false` (GSPO). The benchmark's earlier presets: `"quarter_weight"` (rule 16:
+            `peer_prompts: failed` with `taught_scale: 0.25` and no cap or failed rate), `"failed_prompts"` (rule 13:
+            that at full weight), `"confident_gate"` (rule 7: `peer_filter: correct`, `capability_gate: 1`,
+            `capability_gate_confidence: 0.95`, `band_gate: true`; an open peer takes the paper's schedule); rule 17's
+            candidates `"capped_taught"` (`failed_prompts` with `taught_cap: 3`) and `"capped_almost_failed"` (that
+            with `taught_failed_rate: 0.125`: the same as `recommended`). `--plan`, `hacpo-probe`, the model card
             and `hacpo_summary.json` name the mode and its settings. The run's, not per agent.
         share_rollouts (`bool`, *optional*, defaults to `True`):
             Share completions between agents. `False` trains every agent independently with TRL's own loss (so

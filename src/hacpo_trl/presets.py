@@ -39,6 +39,8 @@ _PAPER: dict[str, Any] = {
 # taught rows at full weight on the prompts the learner failed entirely, on GSPO's schedule
 _FAILED_PROMPTS = {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2,
                    "taught_schedule": "solo", "band_gate": True}  # fmt: skip
+# rule 17's candidate B, chosen on its validation screen (benchmarks/RESULTS.md): the recommended preset
+_CAPPED_ALMOST_FAILED = {**_FAILED_PROMPTS, "taught_cap": 3, "taught_failed_rate": 0.125}
 
 # name -> (the settings it changes from the paper's rule, what it is). The names of the benchmark's presets are
 # those of benchmarks/reproduce.py (`PRESET_METHODS` there maps its method names to them).
@@ -46,23 +48,32 @@ _CHANGES: dict[str, tuple[dict[str, Any], str]] = {
     "paper": ({}, "the paper's rule: every peer row, in the band"),
     "none": ({"share_rollouts": False}, "no sharing: every agent trains alone with TRL's loss (GSPO)"),
     "recommended": (
-        {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
-         "taught_scale": 0.25, "band_gate": True},
-        "a peer's correct rows on the prompts the learner failed entirely, at a quarter weight, in GSPO's updates",
+        _CAPPED_ALMOST_FAILED,
+        "a peer's correct rows on the prompts the learner solved at most 1 in 8 times, at full weight while few "
+        "(a batch's taught rows weigh at most 3 rows' worth), in GSPO's updates",
     ),
-    "failed_prompts": (_FAILED_PROMPTS, "the previous preset: 'recommended' with taught rows at full weight"),
-    # the candidates of benchmark rule 17, chosen or not on its validation screen (benchmarks/RESULTS.md)
+    "quarter_weight": (
+        {**_FAILED_PROMPTS, "taught_scale": 0.25},
+        "the preset of rule 16: a peer's correct rows on the prompts the learner failed entirely, at a quarter "
+        "weight, in GSPO's updates",
+    ),
+    "failed_prompts": (
+        _FAILED_PROMPTS,
+        "the preset of rule 13: a peer's correct rows on the prompts the learner failed entirely, at full weight, in "
+        "GSPO's updates",
+    ),
+    # the candidates of benchmark rule 17 (benchmarks/RESULTS.md); B was chosen and is 'recommended'
     "capped_taught": (
         {**_FAILED_PROMPTS, "taught_cap": 3},
-        "'recommended' with taught rows at full weight while few: a batch's taught rows weigh at most 3 rows' worth",
+        "'failed_prompts' with a batch's taught rows weighing at most 3 rows' worth (rule 17's candidate A)",
     ),
     "capped_almost_failed": (
-        {**_FAILED_PROMPTS, "taught_cap": 3, "taught_failed_rate": 0.125},
-        "'capped_taught', also on the prompts the learner solved at most once in 8",
+        _CAPPED_ALMOST_FAILED,
+        "rule 17's candidate B, chosen: 'recommended' ('capped_taught' also on the prompts solved at most 1 in 8)",
     ),
     "confident_gate": (
         {"peer_filter": "correct", "capability_gate": 1.0, "capability_gate_confidence": 0.95, "band_gate": True},
-        "the former preset: correct rows of a peer at least as capable at 95% confidence, on the paper's schedule",
+        "the preset of rule 7: correct rows of a peer at least as capable at 95% confidence, on the paper's schedule",
     ),
 }  # fmt: skip
 

@@ -167,22 +167,23 @@ class SharingFields:
             With `peer_prompts` 'better' or 'failed', a factor on the taught rows' advantages (so on their
             objectives: the taught term is linear in A), in (0, 1]: what taught rows weigh in an update against the
             learner's own rows, where a peer's traces on one part of a task can cost the learner another part (the
-            `complement` pair's `trace-carry` on its own half). `1`: full weight; the recommended preset's 0.25 (the
-            benchmark's rule 16: a learner's weak half gained as much at 0.25 as at 1, its solved half lost a sixth
-            as much). Not in the paper. May differ per agent (`overrides`).
+            `complement` pair's `trace-carry` on its own half). `1`: full weight (the recommended preset, whose
+            `taught_cap` damps many rows instead); 0.25 is the `quarter_weight` preset (the benchmark's rule 16: a
+            learner's weak half gained as much at 0.25 as at 1, its solved half lost a sixth as much). Not in the
+            paper. May differ per agent (`overrides`).
         taught_cap (`float`, *optional*, defaults to `0`):
             With `peer_prompts` 'better' or 'failed', a limit on the taught rows' share of an update: the n taught
             rows of a generation batch (over all ranks, those `peer_filter` keeps, counted before
             `taught_ratio_floor`) together weigh at most this many rows' worth, each one's advantage times
             min(1, taught_cap / n), after `taught_scale`. A few rows keep their full weight, many are damped: a
             stronger learner is taught about 2 rows per taught batch, `trace-carry` 12.7 (benchmark rule 17). `0`:
-            no cap. Not with `peer_filter: positive` (which picks rows by advantage). Not in the paper. May differ
+            no cap; the recommended preset 3. Not with `peer_filter: positive` (which picks rows by advantage). Not in the paper. May differ
             per agent (`overrides`).
         taught_failed_rate (`float`, *optional*, defaults to `0`):
             With `peer_prompts: failed`, the learner's success rate on a prompt (positive rewards over its scored
             completions, all ranks) at or below which the prompt counts as failed: `0`, failed at every completion;
-            `0.125`, at most one success in 8 (its own group then has a signal, which the peer's rows join). The floor
-            and the band gate act as before. In [0, 1). Not in the paper. May differ per agent (`overrides`).
+            `0.125` (the recommended preset), at most one success in 8 (its own group then has a signal, which the
+            peer's rows join). The floor and the band gate act as before. In [0, 1). Not in the paper. May differ per agent (`overrides`).
         capability_gate_rescue (`bool`, *optional*, defaults to `False`):
             With `capability_gate` > 0, a peer the gate keeps closed still lends its rows on the prompts this learner
             failed at every completion (none with a positive reward, over all its ranks) and the peer solved at least
