@@ -44,9 +44,7 @@ def paired_gains(reports: list[dict], method: str) -> tuple[dict[tuple[str, str]
             seeds.setdefault(pair, []).extend(entry["seeds"])
             for agent in entry["agents"]:
                 acc = entry["accuracy"][agent]
-                diffs.setdefault((pair, agent), []).extend(
-                    a - b for a, b in zip(acc[method], acc["GSPO"], strict=True)
-                )
+                diffs.setdefault((pair, agent), []).extend(a - b for a, b in zip(acc[method], acc["GSPO"], strict=True))
     return diffs, seeds
 
 
