@@ -193,6 +193,72 @@ def test_the_probes_band_gate_verdict_is_the_trainers_rule():
     assert not band_gate_keeps([0.1, 0.15], [True, True], 0.8, 0.2) and band_gate_keeps([0.3], [True], 0.8, 0.2)
 
 
+# 8 completions a prompt: "weak" solves p4 once (failed at `taught_failed_rate: 0.125`, not at 0), "strong" fails p2
+RECORDS_8 = _records({
+    "weak": {"p1": [0.0] * 8, "p2": [1.0] * 4 + [0.0] * 4, "p4": [1.0] + [0.0] * 7},
+    "strong": {"p1": [1.0] * 2 + [0.0] * 6, "p2": [0.0] * 8, "p4": [1.0] * 8},
+})  # fmt: skip
+
+
+def _gated(view: dict, closed: set[str]) -> dict:
+    """A learner's view without the peers the band gate closes."""
+    return {
+        "learns_from": [p for p in view["learns_from"] if p not in closed],
+        "taught": {p: v for p, v in view["taught"].items() if p not in closed},
+        "rescued": {p: v for p, v in view["rescued"].items() if p not in closed},
+    }
+
+
+@pytest.mark.parametrize("counted", ["a valid row counts", "only an invalid row would count"])
+@pytest.mark.parametrize("name", list(SHARING_PRESETS))
+def test_for_every_named_mode_the_probe_reports_the_trainers_decision_after_the_band_gate(name, counted):
+    """Every `sharing:` name, on one batch: the trainer decides (`decide` with the records), then its band gate
+    closes a peer none of whose valid rows counts (`band_counts`); the probe reports the decision made with the band
+    gate off and, per peer, `band_gate_keeps` on the same rows. Read together they are the trainer's decision. A
+    peer's rows here: ratio 0.9 (in the band, above the floor) and 0.1 (below both), the one at 0.9 valid or not
+    (a truncated row gets no loss, so it cannot keep a peer open)."""
+    import torch
+
+    from hacpo_trl.algorithm import HACPOLossConfig, stepwise_lower_bound
+    from hacpo_trl.peer_loss import band_counts
+    from hacpo_trl.peer_rows import PeerRows
+
+    values = expand_sharing({"sharing": name, "naive": False, "peer_clipping": True, "capability_metric": "accuracy"})
+    sharing = SharingSettings.from_values(values)
+    probe_sharing = SharingSettings.from_values({**values, "band_gate": False})  # as `probe_batch` decides
+    config = HACPOLossConfig()
+    lb = stepwise_lower_bound(0, config.delta, config.delta_step)
+    caps, rows, agents = {"weak": 0.2, "strong": 0.6}, {"weak": 24, "strong": 24}, ["weak", "strong"]
+    ratios, valid = [0.9, 0.1], ([True, True] if counted == "a valid row counts" else [False, True])
+    for learner in agents:
+        decision = decide(sharing, learner, agents, caps, rows, 3, 0, RECORDS_8, True)
+        peers = list(decision.involved)
+        appended = PeerRows(
+            sources=[p for p in peers for _ in ratios], valid=valid * len(peers),
+            taught=[p in decision.taught for p in peers for _ in ratios],
+        )  # fmt: skip
+        if sharing.band_gate and peers:
+            scored = torch.tensor([r for _ in peers for r, ok in zip(ratios, valid, strict=True) if ok])
+            counts = dict(zip(peers, band_counts(scored, appended, peers, config, sharing), strict=True))
+            if 0 in counts.values():
+                decision = decision.close_outside_band(counts)
+        trainer = learner_view(decision)
+        view = learner_view(decide(probe_sharing, learner, agents, caps, rows, 3, 0, RECORDS_8, True))
+        keeps = {p: band_gate_keeps(ratios, [p in view["taught"]] * 2, lb, 0.2, valid) for p in view["learns_from"]}
+        closed = {p for p, kept in keeps.items() if not kept} if sharing.band_gate else set()
+        assert _gated(view, closed) == trainer, (name, learner)
+    if name == "recommended" and counted == "a valid row counts":  # p4, solved once in 8, is taught too
+        assert trainer == {"learns_from": ["weak"], "taught": {"weak": ["p2"]}, "rescued": {}}
+        weak = learner_view(decide(sharing, "weak", agents, caps, rows, 3, 0, RECORDS_8, True))
+        assert weak["taught"] == {"strong": ["p1", "p4"]}
+        quarter = SharingSettings.from_values(
+            {**expand_sharing({"sharing": "quarter_weight"}), **values, "taught_failed_rate": 0.0}
+        )
+        assert learner_view(decide(quarter, "weak", agents, caps, rows, 3, 0, RECORDS_8, True))["taught"] == {
+            "strong": ["p1"]
+        }
+
+
 def test_combinations_that_do_nothing_or_overlap_are_refused_with_one_line(tmp_path):
     """`taught_ratio_floor` acts on taught rows only, and `capability_gate_rescue` would take, from a closed peer,
     rows of the very prompts `peer_prompts: failed` already takes from every peer. `taught_schedule: solo` without

@@ -229,7 +229,7 @@ def test_probe_help_names_its_own_flags():
 @pytest.mark.launch
 def test_probe_with_the_preset_reports_taught_prompts_for_the_weaker_agent(tmp_path):
     """`sharing: recommended` on the size pair: the probe reads the trainer's decision on its batch, so the weaker
-    agent is taught the prompts it failed entirely and the larger one solved, with the taught rows' ratios against
+    agent is taught the prompts it solved at most 1 in 8 times and the larger one solved, with the taught rows' ratios against
     the floor and the band gate's verdict (it once labelled every pair "does not learn from it")."""
     out = tmp_path / "probe.json"
     cmd = [sys.executable, "-m", "hacpo_trl.probe", "--config", str(ROOT / "recipes" / "tiny_size.yaml"),
@@ -242,9 +242,11 @@ def test_probe_with_the_preset_reports_taught_prompts_for_the_weaker_agent(tmp_p
     weak = next(p for p in report["pairs"] if p["learner"] == "trace-small")
     taught = weak["taught"]
     assert weak["learns_from"] and weak["peer_prompts"] == "failed" and taught["prompts"] and taught["floor"] == 0.2
+    assert weak["taught_failed_rate"] == 0.125
     assert taught["rows"] == weak["rows"] > 0 and 0 <= taught["at_floor"] <= taught["rows"]  # peer rows: taught only
     assert weak["band_gate_keeps"] is (taught["at_floor"] > 0)
-    assert f"trace-small <- trace-large: {len(taught['prompts'])} of 16 prompts (failed), {taught['rows']} taught" in (
+    which = "failed: solved at most 0.125 of the time"
+    assert f"trace-small <- trace-large: {len(taught['prompts'])} of 16 prompts ({which}), {taught['rows']} taught" in (
         proc.stdout
     )
     assert "does not learn from it" not in proc.stdout

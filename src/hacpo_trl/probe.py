@@ -121,12 +121,15 @@ def learner_view(decision: PeerDecision | None) -> dict:
     }
 
 
-def band_gate_keeps(ratios, taught, lower_bound: float, floor: float) -> bool:
-    """Whether the band gate keeps a peer open at a batch: some of its rows count (in the band, or a taught row at
-    or above the floor), by the trainer's own rule (:func:`hacpo_trl.sharing.peers_in_band`)."""
-    ratios = torch.as_tensor(ratios, dtype=torch.float64).reshape(-1)
+def band_gate_keeps(ratios, taught, lower_bound: float, floor: float, valid=None) -> bool:
+    """Whether the band gate keeps a peer open at a batch: some of its valid rows (those with a loss; all if
+    ``valid`` is None) count (in the band, or a taught row at or above the floor), by the trainer's own rule
+    (:func:`hacpo_trl.peer_loss.band_counts`, which counts valid rows only)."""
+    keep = [True] * len(ratios) if valid is None else [bool(v) for v in valid]
+    ratios = torch.as_tensor([r for r, k in zip(ratios, keep, strict=True) if k], dtype=torch.float64)
+    taught = [t for t, k in zip(taught, keep, strict=True) if k]
     sources = ["peer"] * int(ratios.numel())
-    return peers_in_band(ratios, sources, ["peer"], lower_bound, list(taught), floor)["peer"] > 0
+    return peers_in_band(ratios, sources, ["peer"], lower_bound, taught, floor)["peer"] > 0
 
 
 def taught_stats(rows: list[tuple], prompts: list[str], floor: float) -> dict:
@@ -245,9 +248,11 @@ def render(report: dict) -> str:
             )
         )
         median = "-" if t["median"] is None else f"{t['median']:.3g}"
+        rate = p.get("taught_failed_rate") or 0
+        which = f"{p['peer_prompts']}: solved at most {rate:g} of the time" if rate else p["peer_prompts"]
         lines.append(
             f"  {p['learner']} <- {p['generator']}: {len(t['prompts'])} of {report['prompts']} prompts "
-            f"({p['peer_prompts']}), {t['rows']} taught rows, ratio median {median}, {t['at_floor']} at or above "
+            f"({which}), {t['rows']} taught rows, ratio median {median}, {t['at_floor']} at or above "
             f"the floor {t['floor']:g}{gate}"
         )
     lines += ["", "| agent | completions | own accuracy | cut at max length |", "|---|---|---|---|"]
@@ -425,6 +430,7 @@ def run(trainer, probe_args: ProbeArguments) -> dict | None:
         "peer_prompts": settings.peer_prompts,
         "band_gate": settings.band_gate,
         "floor": settings.taught_ratio_floor,
+        "failed_rate": settings.taught_failed_rate,
         "rows": _my_rows(trainer, batch, rows, ratios),
         "omega": {a: trainer.capability.omega(a, trainer.agent, low, high) for a in trainer.agent_names},
     }
@@ -467,10 +473,12 @@ def _report(trainer, everyone: list[dict], records, probe_args) -> dict:
             learns = generator in mine["learns_from"]
             pair = {"learner": learner, "generator": generator, "learns_from": learns, **stats}
             pair["peer_prompts"] = mine["peer_prompts"]
+            pair["taught_failed_rate"] = mine["failed_rate"]
             if mine["peer_prompts"] != "all":
                 pair["taught"] = taught_stats(rows, mine["taught"].get(generator, []), mine["floor"])
             pair["rescued_prompts"] = mine["rescued"].get(generator, [])
-            keeps = band_gate_keeps([r[0] for r in rows], [r[3] for r in rows], lb, mine["floor"]) if rows else False
+            ratios, valid, taught = [r[0] for r in rows], [r[2] for r in rows], [r[3] for r in rows]
+            keeps = band_gate_keeps(ratios, taught, lb, mine["floor"], valid) if rows else False
             pair["band_gate_keeps"] = keeps if mine["band_gate"] and learns else None
             pairs.append(pair)
     report = {
