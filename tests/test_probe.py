@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from hacpo_trl.presets import SHARING_PRESETS
 from hacpo_trl.probe import _my_prompts, agent_stats, flags, generation_backend, pair_stats, render
 from helpers import accelerate_launch
 
@@ -250,3 +251,96 @@ def test_probe_with_the_preset_reports_taught_prompts_for_the_weaker_agent(tmp_p
         proc.stdout
     )
     assert "does not learn from it" not in proc.stdout
+
+
+def _probe_report_of(sharing, decisions, rows_by_learner, records):
+    """The probe's report (:func:`hacpo_trl.probe._report`) from each learner's decision and peer rows, as one
+    process per learner would send them."""
+    from hacpo_trl.algorithm import HACPOLossConfig
+    from hacpo_trl.probe import ProbeArguments, _report, learner_view
+
+    names = list(decisions)
+    everyone = [
+        {"learner": a, **learner_view(decisions[a]), "sharing": {}, "peer_prompts": sharing.peer_prompts,
+         "band_gate": sharing.band_gate, "floor": sharing.taught_ratio_floor, "failed_rate": sharing.taught_failed_rate,
+         "rows": rows_by_learner[a],
+         "omega": dict.fromkeys(names, 1.0)}
+        for a in names
+    ]  # fmt: skip
+    trainer = SimpleNamespace(
+        hacpo_loss_config=HACPOLossConfig(), agent_names=names, train_dataset=[0] * 4, num_generations=2,
+        args=SimpleNamespace(max_completion_length=8), sharing=sharing,
+    )  # fmt: skip
+    return _report(trainer, everyone, records, ProbeArguments())
+
+
+@pytest.mark.parametrize("mode", list(SHARING_PRESETS))
+def test_the_probes_decision_is_the_trainers_on_the_same_batch_in_every_sharing_mode(mode):
+    """Per learner and peer, the probe's report (learns from it, taught prompts, band gate) equals what the trainer
+    does with the same batch: `decide` with the batch's records, then the band gate over the valid peer rows
+    (`peer_loss.band_counts`, `PeerDecision.close_outside_band`)."""
+    import torch
+
+    from hacpo_trl.algorithm import HACPOLossConfig, stepwise_lower_bound
+    from hacpo_trl.exchange import RolloutBatch
+    from hacpo_trl.peer_loss import band_counts
+    from hacpo_trl.presets import expand_sharing
+    from hacpo_trl.sharing import PeerDecision, decide
+    from hacpo_trl.sharing_settings import SharingSettings
+
+    agents = ["weak", "mid", "strong"]
+    outcomes = {  # each agent's rewards on p0, p1, p2 (two completions each)
+        "weak": [0, 0, 1, 0, 0, 0], "mid": [1, 0, 1, 1, 0, 0], "strong": [1, 1, 1, 1, 1, 0],
+    }  # fmt: skip
+    pids = ["p0", "p0", "p1", "p1", "p2", "p2"]
+    records = [
+        RolloutBatch(a, r, 0, pids, ["t"] * 6, [float(x) for x in outcomes[a]], [-0.5] * 6, [2] * 6, [True] * 6)
+        for r, a in enumerate(agents)
+    ]
+    caps, behind = {"weak": 0.2, "mid": 0.5, "strong": 0.8}, dict.fromkeys(agents, 64)
+    values = expand_sharing({"sharing": mode, "naive": False, "peer_clipping": True})
+    sharing = SharingSettings.from_values(values)
+    cfg = HACPOLossConfig()
+    lb = stepwise_lower_bound(0, cfg.delta, cfg.delta_step)
+    # the trainer decides only when it shares rollouts; otherwise its `last_decision` stays None (learns from no one)
+    shares = values["share_rollouts"]
+    decisions = {a: decide(sharing, a, agents, caps, behind, 100, 0, records, True) if shares else None for a in agents}
+    # each learner's peer rows: one valid row below every band and floor, one invalid row inside the band
+    ratios = {"mid": [0.01, 0.9], "strong": [0.9, 0.95], "weak": [0.01, 0.9]}
+    valid = {"mid": [True, False], "strong": [True, True], "weak": [True, False]}
+    rows_by_learner, kept = {}, {}
+    for a, d in decisions.items():
+        d = decisions[a] = d or PeerDecision()
+        peers = list(d.involved)
+        rows_by_learner[a] = {
+            p: [(ratios[p][k], True, valid[p][k], p in d.taught) for k in range(2)] for p in agents if p != a
+        }
+        if not peers:
+            kept[a] = d
+            continue
+        sources = [p for p in peers for _ in range(2)]
+        trainer_rows = SimpleNamespace(
+            sources=sources, valid=[v for p in peers for v in valid[p]], taught=[p in d.taught for p in sources]
+        )
+        # `band_ratios` scores the valid rows only
+        ratio = torch.tensor(
+            [x for p in peers for x, ok in zip(ratios[p], valid[p], strict=True) if ok], dtype=torch.float64
+        )
+        in_band = dict(zip(peers, band_counts(ratio, trainer_rows, peers, cfg, sharing), strict=True))
+        kept[a] = d.close_outside_band(in_band) if sharing.band_gate else d
+    report = _probe_report_of(
+        sharing, {a: d if shares else None for a, d in decisions.items()}, rows_by_learner, records
+    )
+    assert report["band"][0] == lb
+    learned = 0
+    for pair in report["pairs"]:
+        d, learner, peer = decisions[pair["learner"]], pair["learner"], pair["generator"]
+        assert pair["learns_from"] == (peer in d.involved), (learner, peer)
+        if sharing.peer_prompts != "all":
+            assert pair["taught"]["prompts"] == (sorted(d.prompts[peer]) if peer in d.taught else []), pair
+        assert pair["rescued_prompts"] == sorted(d.rescued.get(peer, ())), pair
+        if sharing.band_gate and pair["learns_from"]:
+            assert pair["band_gate_keeps"] == (peer in kept[learner].involved), (learner, peer)
+        learned += pair["learns_from"]
+    if mode != "none":
+        assert learned, "the batch must give every sharing mode a peer to learn from"
