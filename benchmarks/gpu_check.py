@@ -281,7 +281,7 @@ def _measure(
             with open(path) as f:
                 measurements.append(json.load(f))
     report, lines = make_report(plan, measurements, name)
-    report["shares_rollouts"] = bool(recipe.get("share_rollouts", True))
+    report["shares_rollouts"] = bool(recipe["share_rollouts"])  # load_recipe expanded the sharing mode
     report["name"] = name
     return report, lines
 
