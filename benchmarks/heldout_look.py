@@ -90,7 +90,7 @@ def lines_for(reports: list[dict], method: str, level: float) -> list[str]:
         _, low, high = gains[pair, agent]
         role = _role(pair, agent)
         shown = f"`{agent}` ({role})" if role else f"`{agent}`"
-        span = f"{min(seeds[pair])}–{max(seeds[pair])}" if len(set(seeds[pair])) == len(values) else "?"
+        span = f"{min(seeds[pair])}–{max(seeds[pair])}"  # distinct seeds, one difference each (paired_gains)
         out.append(
             f"| {pair} | {shown} | {span} | {mean:+.3f} | [{low95:+.3f}, {high95:+.3f}] | [{low:+.3f}, {high:+.3f}] "
             f"| {'yes' if low > 0 else 'no'} | {'yes' if low >= NOISE and mean >= 0 else 'no'} |"
