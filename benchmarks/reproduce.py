@@ -89,10 +89,14 @@ FORMER_PRESET = "HACPO correct + gate 1.0 at 95% confidence + GSPO solo updates 
 # rule 17's candidates (issue 45); B was chosen
 CAPPED = "HACPO correct + failed-prompt floor 0.2 + taught cap 3 + GSPO solo schedule + band gate"
 CAPPED_ALMOST_FAILED = RECOMMENDED
+# rule 18's candidate (issue 45): B on the prompts the learner solved at most 2 in 8
+CAPPED_MOSTLY_FAILED = (
+    "HACPO correct + failed-prompt floor 0.2 + failed rate 0.25 + taught cap 3 + GSPO solo schedule + band gate"
+)
 # the recipe's `sharing:` name of each (`hacpo_trl.presets`; their settings here are the names' plus the schedule)
 PRESET_METHODS = {"recommended": RECOMMENDED, "quarter_weight": QUARTER_PRESET, "failed_prompts": PREVIOUS_PRESET,
                   "confident_gate": FORMER_PRESET, "capped_taught": CAPPED,
-                  "capped_almost_failed": CAPPED_ALMOST_FAILED}  # fmt: skip
+                  "capped_almost_failed": CAPPED_ALMOST_FAILED, "capped_mostly_failed": CAPPED_MOSTLY_FAILED}  # fmt: skip
 
 # name -> (recipe overrides, own rollouts per prompt and step, optimizer updates per generation batch)
 # (string values may name "{stronger}", the pair's stronger agent, or "{run}", the run's optimizer steps)
@@ -216,6 +220,12 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
     CAPPED_ALMOST_FAILED: (
         {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
          "taught_cap": 3, "taught_failed_rate": 0.125, **SOLO, "band_gate": True, **HACPO_SCHEDULE},
+        8, 4,
+    ),
+    # the same on the prompts solved at most 2 in 8 (rule 18)
+    CAPPED_MOSTLY_FAILED: (
+        {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
+         "taught_cap": 3, "taught_failed_rate": 0.25, **SOLO, "band_gate": True, **HACPO_SCHEDULE},
         8, 4,
     ),
 }  # fmt: skip

@@ -89,6 +89,7 @@ def test_rule_17s_choice_is_the_recommended_preset_and_the_earlier_presets_keep_
     assert capped == {**failed, "taught_cap": 3}
     assert SHARING_PRESETS["capped_almost_failed"] == {**capped, "taught_failed_rate": 0.125}
     assert SHARING_PRESETS["recommended"] == SHARING_PRESETS["capped_almost_failed"]
+    assert SHARING_PRESETS["capped_mostly_failed"] == {**capped, "taught_failed_rate": 0.25}
     assert SHARING_PRESETS["quarter_weight"] == {**failed, "taught_scale": 0.25}
     values = {**expand_sharing({"sharing": "recommended"}), "naive": False, "peer_clipping": True}
     settings = SharingSettings.from_values({**values, "capability_metric": "accuracy"})

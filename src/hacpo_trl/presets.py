@@ -71,6 +71,11 @@ _CHANGES: dict[str, tuple[dict[str, Any], str]] = {
         _CAPPED_ALMOST_FAILED,
         "rule 17's candidate B, chosen: 'recommended' ('capped_taught' also on the prompts solved at most 1 in 8)",
     ),
+    # the candidate of benchmark rule 18 (benchmarks/RESULTS.md)
+    "capped_mostly_failed": (
+        {**_FAILED_PROMPTS, "taught_cap": 3, "taught_failed_rate": 0.25},
+        "rule 18's candidate C: 'recommended' also on the prompts the learner solved 2 in 8 times",
+    ),
     "confident_gate": (
         {"peer_filter": "correct", "capability_gate": 1.0, "capability_gate_confidence": 0.95, "band_gate": True},
         "the preset of rule 7: correct rows of a peer at least as capable at 95% confidence, on the paper's schedule",
