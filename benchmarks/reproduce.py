@@ -89,7 +89,7 @@ FORMER_PRESET = "HACPO correct + gate 1.0 at 95% confidence + GSPO solo updates 
 # rule 17's candidates (issue 45); B was chosen
 CAPPED = "HACPO correct + failed-prompt floor 0.2 + taught cap 3 + GSPO solo schedule + band gate"
 CAPPED_ALMOST_FAILED = RECOMMENDED
-# rule 18's candidate (issue 45): B on the prompts the learner solved at most 2 in 8
+# rule 18's candidate (issue 45): B on the prompts the learner solved at most 2 in 8; it lost its screen, B stayed
 CAPPED_MOSTLY_FAILED = (
     "HACPO correct + failed-prompt floor 0.2 + failed rate 0.25 + taught cap 3 + GSPO solo schedule + band gate"
 )

@@ -118,7 +118,7 @@ class HACPOConfig(SharingFields, GRPOConfig):
             `capability_gate_confidence: 0.95`, `band_gate: true`; an open peer takes the paper's schedule); rule 17's
             candidates `"capped_taught"` (`failed_prompts` with `taught_cap: 3`) and `"capped_almost_failed"` (that
             with `taught_failed_rate: 0.125`: the same as `recommended`); rule 18's candidate `"capped_mostly_failed"`
-            (`recommended` with `taught_failed_rate: 0.25`). `--plan`, `hacpo-probe`, the model card
+            (`recommended` with `taught_failed_rate: 0.25`; not chosen). `--plan`, `hacpo-probe`, the model card
             and `hacpo_summary.json` name the mode and its settings. The run's, not per agent.
         share_rollouts (`bool`, *optional*, defaults to `True`):
             Share completions between agents. `False` trains every agent independently with TRL's own loss (so

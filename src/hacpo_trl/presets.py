@@ -71,10 +71,10 @@ _CHANGES: dict[str, tuple[dict[str, Any], str]] = {
         _CAPPED_ALMOST_FAILED,
         "rule 17's candidate B, chosen: 'recommended' ('capped_taught' also on the prompts solved at most 1 in 8)",
     ),
-    # the candidate of benchmark rule 18 (benchmarks/RESULTS.md)
+    # the candidate of benchmark rule 18 (benchmarks/RESULTS.md), not chosen: B stayed 'recommended'
     "capped_mostly_failed": (
         {**_FAILED_PROMPTS, "taught_cap": 3, "taught_failed_rate": 0.25},
-        "rule 18's candidate C: 'recommended' also on the prompts the learner solved 2 in 8 times",
+        "rule 18's candidate C, not chosen: 'recommended' also on the prompts the learner solved 2 in 8 times",
     ),
     "confident_gate": (
         {"peer_filter": "correct", "capability_gate": 1.0, "capability_gate_confidence": 0.95, "band_gate": True},
