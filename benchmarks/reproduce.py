@@ -48,6 +48,7 @@ from _common import command, free_port, provenance, write_section  # noqa: E402
 from _runs import PEER_KEYS  # noqa: E402
 
 from hacpo_trl.demo import PAIRS  # noqa: E402
+from hacpo_trl.presets import SHARING_CHANGES  # noqa: E402
 
 # the paper's four pairs (the grid) and, measured apart: two agents of about equal strength, both built to the stronger
 # band, of different architecture and tokenizer (`--pairs equal`, recipes/tiny_equal.yaml), and two of one overall
@@ -211,23 +212,13 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
         for scale in (0.5, 0.25)
     },
     # taught rows at full weight while few, damped when many: a batch's taught rows weigh at most 3 rows' worth
-    # (rule 17), and the same also on the prompts the learner solved at most once in 8
-    CAPPED: (
-        {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
-         "taught_cap": 3, **SOLO, "band_gate": True, **HACPO_SCHEDULE},
-        8, 4,
-    ),
-    CAPPED_ALMOST_FAILED: (
-        {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
-         "taught_cap": 3, "taught_failed_rate": 0.125, **SOLO, "band_gate": True, **HACPO_SCHEDULE},
-        8, 4,
-    ),
-    # the same on the prompts solved at most 2 in 8 (rule 18)
-    CAPPED_MOSTLY_FAILED: (
-        {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
-         "taught_cap": 3, "taught_failed_rate": 0.25, **SOLO, "band_gate": True, **HACPO_SCHEDULE},
-        8, 4,
-    ),
+    # (rule 17), and the same also on the prompts the learner solved at most 1 in 8 (rule 17) or 2 in 8 (rule 18);
+    # their settings are their `sharing:` names'
+    **{
+        method: ({**SHARING_CHANGES[name], **SOLO, **HACPO_SCHEDULE}, 8, 4)
+        for name, method in (("capped_taught", CAPPED), ("capped_almost_failed", CAPPED_ALMOST_FAILED),
+                             ("capped_mostly_failed", CAPPED_MOSTLY_FAILED))
+    },
 }  # fmt: skip
 METHODS |= CANDIDATES
 # the held-out grid's methods (issue 18): the baselines, the paper's rule, each protective option alone, the preset

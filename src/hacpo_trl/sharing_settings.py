@@ -177,13 +177,14 @@ class SharingFields:
             `taught_ratio_floor`) together weigh at most this many rows' worth, each one's advantage times
             min(1, taught_cap / n), after `taught_scale`. A few rows keep their full weight, many are damped: a
             stronger learner is taught about 2 rows per taught batch, `trace-carry` 12.7 (benchmark rule 17). `0`:
-            no cap; the recommended preset 3. Not with `peer_filter: positive` (which picks rows by advantage). Not in the paper. May differ
-            per agent (`overrides`).
+            no cap; the recommended preset 3. Not with `peer_filter: positive` (which picks rows by advantage). Not
+            in the paper. May differ per agent (`overrides`).
         taught_failed_rate (`float`, *optional*, defaults to `0`):
             With `peer_prompts: failed`, the learner's success rate on a prompt (positive rewards over its scored
             completions, all ranks) at or below which the prompt counts as failed: `0`, failed at every completion;
             `0.125` (the recommended preset), at most one success in 8 (its own group then has a signal, which the
-            peer's rows join). The floor and the band gate act as before. In [0, 1). Not in the paper. May differ per agent (`overrides`).
+            peer's rows join). The floor and the band gate act as before. In [0, 1). Not in the paper. May differ
+            per agent (`overrides`).
         capability_gate_rescue (`bool`, *optional*, defaults to `False`):
             With `capability_gate` > 0, a peer the gate keeps closed still lends its rows on the prompts this learner
             failed at every completion (none with a positive reward, over all its ranks) and the peer solved at least
