@@ -3,7 +3,7 @@ prompts `capability_gate_rescue` would lend the weaker peer's rows on, measured 
 
     python benchmarks/failure_overlap.py      # the first 200 validation problems, 8 samples at T = 1, 40 tokens
 
-Both agents of each pair as built (`hacpo_trl.demo.build_agent`), sampled with seed 0 on one thread; the reward is the
+Both agents of each pair as committed (`benchmarks/agents`), sampled with seed 0 on one thread; the reward is the
 training reward (`arithmetic_trace_answer`). Writes `benchmarks/failure-overlap/RESULTS.md`.
 """
 
@@ -19,7 +19,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import provenance, write_section  # noqa: E402
 
-from hacpo_trl.demo import PAIRS, build_agent  # noqa: E402
+from hacpo_trl.builtin import resolve_model  # noqa: E402
+from hacpo_trl.demo import PAIRS  # noqa: E402
 from hacpo_trl.evaluate import _prompt_ids, builtin_eval  # noqa: E402
 
 STRONGER = {"state": "trace-instruct", "size": "trace-large", "model": "trace-qwen2", "style": "trace-bracket"}
@@ -29,7 +30,7 @@ def correct_samples(name: str, rows: list[dict], k: int, tokens: int) -> torch.T
     """(problems, k) rewards of ``k`` samples per problem at temperature 1."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = build_agent(name)
+    path = resolve_model(f"builtin:{name}")
     tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path).eval()
     _, reward, _ = builtin_eval("arithmetic_trace", tokens, split="validation")
     torch.manual_seed(0)

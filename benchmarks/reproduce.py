@@ -338,16 +338,17 @@ HALF_RECORD = ("half", "greedy_accuracy_by_half", "sampled_accuracy", "sampled_a
 
 
 def _built_agents(pair: str) -> dict[str, dict]:
-    """The pair's built-in agents as built here (building them if the cache has none): cache folder, steps, validation
-    accuracy and band from each agent's ``hacpo_build.json``."""
-    from hacpo_trl.demo import build_agent, build_record
+    """The pair's built-in agents as its runs load them (`builtin:<name>`: the committed ones, benchmarks/agents):
+    the cache folder each was built as, steps, validation accuracy and band from each agent's ``hacpo_build.json``."""
+    from hacpo_trl.builtin import resolve_model
+    from hacpo_trl.demo import build_record
 
     built = {}
     for agent in PAIR_AGENTS[pair]:
-        folder = build_agent(agent)
+        folder = resolve_model(f"builtin:{agent}")
         record = build_record(folder) or {}
         keep = ("steps", "validation_accuracy", "band", "measure", "greedy_accuracy")
-        built[agent] = {"folder": Path(folder).name, **{k: record.get(k) for k in keep}}
+        built[agent] = {"folder": record.get("folder") or Path(folder).name, **{k: record.get(k) for k in keep}}
         built[agent] |= {k: record[k] for k in HALF_RECORD if k in record}  # an agent of a task with halves
     return built
 
@@ -388,8 +389,8 @@ def check_reused_agents(out: Path, pair: str, finished: int) -> None:
     if saved != here:
         raise SystemExit(
             f"reproduce: the {finished} finished runs in {out / pair} were trained from other agents than the ones "
-            f"built here ({path}: {saved}; here: {here}); pass another --out to run this pair from the agents built "
-            "here, or set HACPO_CACHE to a folder holding the agents these runs were trained from"
+            f"loaded here ({path}: {saved}; here: {here}); pass another --out to run this pair from these agents, or "
+            "set HACPO_AGENTS to a folder holding the agents these runs were trained from"
         )
 
 

@@ -124,8 +124,8 @@ def test_method_settings_name_the_pairs_stronger_agent_and_the_run_length(tmp_pa
 
 
 def test_finished_runs_are_reused_only_with_the_agents_they_were_trained_from(tmp_path, monkeypatch):
-    """Built-in agents are built to a band, so another machine builds other agents from the same recipe: committed
-    runs of this machine must not be paired with runs from those."""
+    """Built-in agents are built to a band, so another machine builds other agents from the same recipe (and
+    `HACPO_AGENTS` may name other copies): committed runs must not be paired with runs from those."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import reproduce
 
@@ -142,7 +142,7 @@ def test_finished_runs_are_reused_only_with_the_agents_they_were_trained_from(tm
     elsewhere["trace-base"] |= {"steps": 340, "validation_accuracy": 0.27}
     (tmp_path / "state" / "agents.json").write_text(json.dumps(elsewhere))
     with pytest.raises(
-        SystemExit, match=r"trained from other agents than the ones built here .*'steps': 340.*set HACPO_CACHE"
+        SystemExit, match=r"trained from other agents than the ones loaded here .*'steps': 340.*set HACPO_AGENTS"
     ):
         reproduce.check_reused_agents(tmp_path, "state", finished=3)
 

@@ -1,16 +1,48 @@
 """`builtin:<name>` model names, resolved to a local folder: the one place the library maps them, above the built-in
 agents (`hacpo_trl.demo`), the real pretrained models shipped in packages (`hacpo_trl.pretrained`) and the systems
-stand-ins (`hacpo_trl.shapes`), so the trainer's model loading never goes through the demo."""
+stand-ins (`hacpo_trl.shapes`), so the trainer's model loading never goes through the demo.
+
+A built-in agent resolves to the copy committed in the repository (``benchmarks/agents/<name>``, or the folder named
+by ``HACPO_AGENTS``), the agents every benchmark number was trained from, identical on every machine; where there is
+none (an installed package without the repository) it is built from its seed. ``builtin:<name>@seed`` always builds
+it from its seed (cached): builds differ between CPUs, so such an agent may differ from the committed one.
+"""
 
 from __future__ import annotations
 
-__all__ = ["PREFIX", "resolve_model"]
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["FROM_SEED", "PREFIX", "agents_root", "committed_agent", "resolve_model"]
 
 PREFIX = "builtin:"
+FROM_SEED = "@seed"  # `builtin:<name>@seed`: the agent built from its seed on this machine, not the committed copy
+AGENTS_ENV = "HACPO_AGENTS"
+
+
+def agents_root() -> Path | None:
+    """The folder of the committed agents: ``HACPO_AGENTS``, else ``benchmarks/agents`` of the repository this package
+    runs from (an editable install or a checkout); None for an installed package without it."""
+    if os.environ.get(AGENTS_ENV):
+        return Path(os.environ[AGENTS_ENV])
+    for parent in Path(__file__).resolve().parents:
+        if (parent / "pyproject.toml").is_file():
+            folder = parent / "benchmarks" / "agents"
+            return folder if folder.is_dir() else None
+    return None
+
+
+def committed_agent(name: str) -> str | None:
+    """The committed folder of built-in agent ``name``, or None where there is none."""
+    root = agents_root()
+    folder = root / name if root is not None else None
+    return str(folder) if folder is not None and (folder / "config.json").is_file() else None
 
 
 def resolve_model(name_or_path: str) -> str:
-    """``builtin:<name>`` -> the cached folder of that model (built on first use); anything else unchanged."""
+    """``builtin:<name>`` -> the folder of that model (the committed agent, or built on first use); anything else
+    unchanged."""
     if not (isinstance(name_or_path, str) and name_or_path.startswith(PREFIX)):
         return name_or_path
     name = name_or_path[len(PREFIX) :]
@@ -22,6 +54,20 @@ def resolve_model(name_or_path: str) -> str:
 
     if name in SHAPES:
         return build_shape(name)
-    from .demo import build_agent
+    from .demo import BUILTIN_AGENTS, build_agent
 
+    if name.endswith(FROM_SEED):
+        return build_agent(name.removesuffix(FROM_SEED))
+    if name in BUILTIN_AGENTS and (folder := committed_agent(name)) is not None:
+        return folder
+    if name in BUILTIN_AGENTS and not _said.get(name):
+        _said[name] = True
+        print(
+            f"hacpo: {PREFIX}{name} has no committed copy here (benchmarks/agents of the repository, or {AGENTS_ENV}):"
+            " building it from its seed; on another CPU it may differ from the benchmark's agent",
+            file=sys.stderr,
+        )
     return build_agent(name)
+
+
+_said: dict[str, bool] = {}

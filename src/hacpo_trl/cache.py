@@ -25,9 +25,16 @@ def cache_folder(name: str, spec, version: int | str, directory: str | None = No
 
 
 def builtin_name(path: str | None) -> str | None:
-    """``builtin:<name>`` for a folder of the cache (``<name>-<10 hex>`` under `cache_root`), else None: model cards
-    name a built-in model as the user wrote it, not by its cache path."""
-    if not isinstance(path, str) or os.path.dirname(os.path.abspath(path)) != os.path.abspath(cache_root()):
+    """``builtin:<name>`` for a folder of the cache (``<name>-<10 hex>`` under `cache_root`) or a committed agent,
+    else None: model cards name a built-in model as the user wrote it, not by its cache path."""
+    if not isinstance(path, str):
+        return None
+    from .builtin import agents_root
+
+    committed = agents_root()
+    if committed is not None and os.path.dirname(os.path.abspath(path)) == os.path.abspath(committed):
+        return f"builtin:{os.path.basename(os.path.normpath(path))}"
+    if os.path.dirname(os.path.abspath(path)) != os.path.abspath(cache_root()):
         return None
     name, _, digest = os.path.basename(os.path.normpath(path)).rpartition("-")
     return f"builtin:{name}" if name and len(digest) == 10 and all(c in "0123456789abcdef" for c in digest) else None
