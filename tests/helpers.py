@@ -29,6 +29,19 @@ def hang_guard(seconds: float) -> float:
     return seconds * HANG_GUARD_SCALE
 
 
+# ------------------------------------------------------------------------------------------ seeds
+
+# `HACPO_TEST_SEED=<n> make test`: every test that samples (a launch, an in-process training, a generation) adds n to
+# its seed, so the suite can be run on other samples; 0 (unset) keeps each test's own seed. No test may depend on
+# what a seed happened to sample: each asserts what the code must do with whatever was sampled.
+TEST_SEED = int(os.environ.get("HACPO_TEST_SEED", "0") or 0)
+
+
+def seeded(seed: int) -> int:
+    """A test's own seed, moved by ``HACPO_TEST_SEED``."""
+    return seed + TEST_SEED
+
+
 # ------------------------------------------------------------------------------------------ launches
 
 # Whether the running test is marked `launch`: set by conftest.py before each test's fixtures are set up; None
@@ -46,6 +59,7 @@ def accelerate_launch(num_processes: int, script: str, *args: str, timeout: floa
             "this test launches processes but is not marked `launch`, so `make test-fast` would run it: add "
             "@pytest.mark.launch to it (or `pytestmark = pytest.mark.launch` to its file)"
         )
+    args = (*args, *_seed_flag(script, args))
     for _ in range(3):
         cmd = [
             sys.executable, "-m", "accelerate.commands.launch",
@@ -58,6 +72,18 @@ def accelerate_launch(num_processes: int, script: str, *args: str, timeout: floa
         if proc.returncode == 0 or "address already in use" not in proc.stderr.lower():
             return proc
     return proc
+
+
+def _seed_flag(script: str, args: tuple[str, ...]) -> list[str]:
+    """``--seed`` for a launch of `hacpo-train` or `hacpo-probe` on a recipe: the recipe's seed moved by
+    ``HACPO_TEST_SEED`` (the scripts of tests/scripts read the variable themselves). Nothing where the test gives a
+    seed, or with the knob unset."""
+    if not TEST_SEED or script != "-m" or "--seed" in args or "--config" not in args:
+        return []
+    import yaml
+
+    recipe = yaml.safe_load(Path(args[args.index("--config") + 1]).read_text()) or {}
+    return ["--seed", str(seeded(int(recipe.get("seed", 42))))]
 
 
 def summaries(out: Path) -> list[dict]:

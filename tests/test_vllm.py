@@ -9,10 +9,12 @@ import importlib.util
 import json
 import math
 import re
+import statistics
 from pathlib import Path
 
 import pytest
 
+from hacpo_trl.rewards import arithmetic_exact_match
 from helpers import accelerate_launch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,14 +96,37 @@ def test_trl_samples_from_the_current_weights_at_every_generation_batch(paper_ru
         assert [step for step, _ in gaps] == [1, 3] and all(gap < TOL for _, gap in gaps), (agent, gaps)
 
 
+def _rewards(record: dict) -> list[float]:
+    """Each own row's reward as TRL sums it: the reward functions weighted by the script's REWARD_WEIGHTS."""
+    return [0.5 * right + 0.5 * first for right, first in record["rewards_per_func"]]
+
+
 def test_two_agents_share_rollouts_with_their_own_engines_seeds_and_rewards(paper_run):
+    """Whatever was sampled: each engine has its own seed; the logged reward and its spread are those of the rows'
+    rewards, which score each completion's answer; every batch has a spread (by construction of the script's
+    reward) and trains; both agents answer the same prompts, and each learner trains on every non-empty completion
+    of its peer (the paper's rule takes every peer row)."""
     _, runs = paper_run
     assert sorted(runs[a]["engine_seed"] for a in AGENTS) == [0, 1]  # the agent offset (vllm_seed)
     for agent, summary in runs.items():
         batches = [h for h in summary["log_history"] if "reward" in h]
-        assert batches[0]["reward"] > 0, agent  # warm-started: it scores from the first batch
-        assert all(h["reward_std"] > 0 for h in batches), (agent, batches)  # a learning signal at every batch
-        assert all(sum(r["hacpo_is_peer"]) > 0 for r in summary["importance_sampling"]), agent  # peer rows trained
+        records = summary["importance_sampling"]
+        assert len(batches) == len(records) == 2, agent
+        for logged, record in zip(batches, records, strict=True):
+            ids = record["prompt_ids"]
+            assert all(ids[i] == ids[i - i % 4] for i in range(len(ids))), agent  # groups of 4, as the reward assumes
+            rewards = _rewards(record)
+            right = arithmetic_exact_match(record["completions"], record["answers"])
+            assert [r[0] for r in record["rewards_per_func"]] == right, agent  # the answer, from each completion
+            assert logged["reward"] == pytest.approx(statistics.fmean(rewards), abs=1e-6), agent
+            assert logged["reward_std"] == pytest.approx(statistics.stdev(rewards), abs=1e-6), agent
+            assert logged["reward_std"] > 0, agent  # by construction: the first of each group scores more
+    peer_of = dict(zip(AGENTS, reversed(AGENTS), strict=True))
+    for agent in AGENTS:
+        mine, theirs = runs[agent]["importance_sampling"], runs[peer_of[agent]]["importance_sampling"]
+        for k, (record, peer) in enumerate(zip(mine, theirs, strict=True)):
+            assert record["prompt_ids"] == peer["prompt_ids"], (agent, k)  # one data seed: the same prompts
+            assert sum(record["hacpo_is_peer"]) == sum(1 for text in peer["completions"] if text), (agent, k)
 
 
 def test_vllm_importance_sampling_weighs_own_rows_by_hand_and_peer_rows_by_one(paper_run):
@@ -140,7 +165,7 @@ def _makefile_flags(name: str) -> list[str]:
 
 def test_the_recommended_preset_trains_with_vllm_through_the_recipe(tmp_path):
     """`hacpo_trl.train` on recipes/tiny_vllm.yaml with the preset's flags (Makefile PRESET_ARGS), 2 generation
-    batches: both agents finish, score from the start and sample from their current weights."""
+    batches: both agents finish, log a reward at each generation batch and sample from their current weights."""
     out = tmp_path / "preset"
     recipe = str(ROOT / "recipes" / "tiny_vllm.yaml")
     args = ["--config", recipe, "--output_dir", str(out), "--max_steps", "8", "--eval_samples", "20"]
@@ -150,7 +175,8 @@ def test_the_recommended_preset_trains_with_vllm_through_the_recipe(tmp_path):
         history = json.loads((out / agent / "log_history.json").read_text())
         gaps = [(h["step"], h["sampling/sampling_logp_difference/max"]) for h in _generation_steps(history)]
         assert [step for step, _ in gaps] == [1, 5] and all(gap < TOL for _, gap in gaps), (agent, gaps)
-        assert [h["reward"] for h in history if "reward" in h][0] > 0, agent
+        rewards = [h["reward"] for h in history if "reward" in h]
+        assert len(rewards) == 2 and all(0 <= r <= 1 for r in rewards), (agent, rewards)
 
 
 def test_probe_generates_with_vllm(tmp_path):

@@ -3,12 +3,28 @@ build), launched by tests/test_vllm.py with `accelerate launch`, one process per
 
 Each process writes `<out>/vllm-<agent>.json`: its trained model's and its engine's log-probs of a fixed set of
 completions (before training, after it, and the engine's after one more weight sync), the log history, its engine's
-seed, and for each generation batch the log-probs TRL's vLLM importance sampling was computed from.
+seed, and for each generation batch the log-probs TRL's vLLM importance sampling was computed from, with the rows'
+prompts, completions and rewards.
+
+The agents are rewarded for the right answer and, by construction, for being the first completion of their prompt's
+group (`first_of_group`), so that every group has a spread of rewards whatever was sampled: every generation batch
+then gives a learning signal and moves the weights, on any CPU and with any seed (``HACPO_TEST_SEED``).
 """
 
 import argparse
 import json
 import os
+
+
+def first_of_group(completions, trainer_state=None, **kwargs) -> list[float]:
+    """1 for the first completion of each group of NUM_GENERATIONS (TRL scores a prompt's group consecutively), else
+    0: a reward spread in every group by construction."""
+    return [float(i % NUM_GENERATIONS == 0) for i in range(len(completions))]
+
+
+NUM_GENERATIONS = 4
+# the right answer and the first of a group weigh half each: rewards stay in [0, 1], as `max_reward` expects
+REWARD_WEIGHTS = [0.5, 0.5]
 
 
 def completions(tok, count: int = 6) -> list[tuple[list[int], int]]:
@@ -55,8 +71,9 @@ def engine_logps(llm, seqs) -> list[list[float]]:
 
 
 def record_importance_sampling(records: list) -> None:
-    """Keep, for every generation batch, what TRL computed its vLLM importance-sampling ratio from (own rows) and
-    the ratio each row of HACPO's batch (own and peer rows) carries into the loss."""
+    """Keep, for every generation batch, what TRL computed its vLLM importance-sampling ratio from (own rows), the
+    own rows' prompts, completions, answers and rewards per reward function, and the ratio each row of HACPO's batch
+    (own and peer rows) carries into the loss."""
     from trl import GRPOTrainer
 
     from hacpo_trl import HACPOTrainer
@@ -67,7 +84,12 @@ def record_importance_sampling(records: list) -> None:
         batch = trl_step(self, inputs)
         if self.model.training:
             keys = ("old_per_token_logps", "sampling_per_token_logps", "completion_mask", "importance_sampling_ratio")
-            records.append({"step": self.state.global_step, **{k: batch[k].tolist() for k in keys}})
+            record = {"step": self.state.global_step, **{k: batch[k].tolist() for k in keys}}
+            record["prompt_ids"] = [x["hacpo_prompt_id"] for x in inputs]
+            record["answers"] = [x["answer"] for x in inputs]
+            record["completions"] = list(self._captured["completions"])
+            record["rewards_per_func"] = self._captured["rewards_per_func"].tolist()
+            records.append(record)
         return batch
 
     def hacpo_batch(self, inputs):
@@ -113,7 +135,8 @@ def main() -> None:
         use_vllm=True,
         vllm_mode="colocate",
         vllm_max_model_length=128,
-        num_generations=4,
+        num_generations=NUM_GENERATIONS,
+        reward_weights=REWARD_WEIGHTS,
         per_device_train_batch_size=8,
         steps_per_generation=2,
         max_completion_length=6,
@@ -124,13 +147,16 @@ def main() -> None:
         save_steps=opts.save_steps or 500,
         lr_scheduler_type="constant",
         report_to="none",
-        seed=0,
+        seed=int(os.environ.get("HACPO_TEST_SEED", "0")),
     )
     path = resolve_model(f"builtin:{args.agent_name}")  # one process per agent: it builds its own
     records: list = []
     record_importance_sampling(records)
     trainer = HACPOTrainer(
-        model=path, reward_funcs=[arithmetic_exact_match], args=args, train_dataset=arithmetic_splits()["train"]
+        model=path,
+        reward_funcs=[arithmetic_exact_match, first_of_group],
+        args=args,
+        train_dataset=arithmetic_splits()["train"],
     )
     seqs = completions(trainer.processing_class)
     before = model_logps(trainer.model, seqs)
