@@ -94,7 +94,22 @@ CAPPED_ALMOST_FAILED = RECOMMENDED
 CAPPED_MOSTLY_FAILED = (
     "HACPO correct + failed-prompt floor 0.2 + failed rate 0.25 + taught cap 3 + GSPO solo schedule + band gate"
 )
-# the recipe's `sharing:` name of each (`hacpo_trl.presets`; their settings here are the names' plus the schedule)
+# the sharing settings the benchmark screened and did not adopt, by the names its rules gave them (RESULTS.md; the
+# library's public modes are `hacpo_trl.presets`': paper, recommended, none); each is the paper's rule with these
+_FAILED_PROMPTS = {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2,
+                   "taught_schedule": "solo", "band_gate": True}  # fmt: skip
+SCREENED_SHARING: dict[str, dict] = {
+    "failed_prompts": _FAILED_PROMPTS,  # rule 13's preset: taught rows at full weight on the prompts failed entirely
+    "quarter_weight": {**_FAILED_PROMPTS, "taught_scale": 0.25},  # rule 16's preset: at a quarter weight
+    "capped_taught": {**_FAILED_PROMPTS, "taught_cap": 3},  # rule 17's candidate A
+    "capped_almost_failed": {**_FAILED_PROMPTS, "taught_cap": 3, "taught_failed_rate": 0.125},  # B: `recommended`
+    "capped_mostly_failed": {**_FAILED_PROMPTS, "taught_cap": 3, "taught_failed_rate": 0.25},  # rule 18's C
+    "confident_gate": {"peer_filter": "correct", "capability_gate": 1.0, "capability_gate_confidence": 0.95,
+                       "band_gate": True},  # rule 7's preset
+}  # fmt: skip
+# each screened or public name's settings beyond the paper's rule
+SHARING_SETTINGS = {**SHARING_CHANGES, **SCREENED_SHARING}
+# the method each name ran as (their settings here are the names' plus the schedule)
 PRESET_METHODS = {"recommended": RECOMMENDED, "quarter_weight": QUARTER_PRESET, "failed_prompts": PREVIOUS_PRESET,
                   "confident_gate": FORMER_PRESET, "capped_taught": CAPPED,
                   "capped_almost_failed": CAPPED_ALMOST_FAILED, "capped_mostly_failed": CAPPED_MOSTLY_FAILED}  # fmt: skip
@@ -215,7 +230,7 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
     # (rule 17), and the same also on the prompts the learner solved at most 1 in 8 (rule 17) or 2 in 8 (rule 18);
     # their settings are their `sharing:` names'
     **{
-        method: ({**SHARING_CHANGES[name], **SOLO, **HACPO_SCHEDULE}, 8, 4)
+        method: ({**SCREENED_SHARING[name], **SOLO, **HACPO_SCHEDULE}, 8, 4)
         for name, method in (("capped_taught", CAPPED), ("capped_almost_failed", CAPPED_ALMOST_FAILED),
                              ("capped_mostly_failed", CAPPED_MOSTLY_FAILED))
     },

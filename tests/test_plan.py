@@ -315,12 +315,12 @@ HACPO_ONLY = {"output_dir", "alpha", "peer_delta", "peer_delta_step"}
 # method -> (keys that differ from the pair's HACPO recipe, G, optimizer updates per generation batch and their rows)
 BASELINES = {
     "gspo": (
-        HACPO_ONLY | {"capability_window", "share_rollouts", "per_device_train_batch_size", "steps_per_generation"}
+        HACPO_ONLY | {"capability_window", "sharing", "per_device_train_batch_size", "steps_per_generation"}
         | {"save_steps"},
         8, ["512 own + 0 peer"] * 2,
     ),
     "gspo_x2": (
-        HACPO_ONLY | {"capability_window", "share_rollouts", "per_device_train_batch_size", "num_generations"},
+        HACPO_ONLY | {"capability_window", "sharing", "per_device_train_batch_size", "num_generations"},
         16, ["512 own + 0 peer"] * 4,
     ),
     "naive": (HACPO_ONLY | {"naive"}, 8, ["512 own + 0 peer"] * 2 + ["0 own + 512 peer"] * 2),
@@ -337,7 +337,7 @@ def test_baseline_recipes_are_the_pairs_hacpo_recipe_with_the_papers_baseline_sc
         path = ROOT / "recipes" / f"{pair}_{method}.yaml"
         recipe = yaml.safe_load(path.read_text())
         assert {k for k in hacpo.keys() | recipe.keys() if hacpo.get(k) != recipe.get(k)} == changed, method
-        assert recipe.get("share_rollouts", True) is (method == "naive") and recipe.get("naive", False) is (
+        assert recipe["sharing"] == ("paper" if method == "naive" else "none") and recipe.get("naive", False) is (
             method == "naive"
         )
         code = plan_main(["--config", str(path), "--plan", "--accelerate_config", str(_accelerate_config(path))])
@@ -382,7 +382,7 @@ def _paper_schedule_preset() -> dict:
 
 @pytest.mark.parametrize("pair", PAIRS)
 def test_preset_recipes_are_the_pairs_gspo_recipe_with_the_preset_line(pair, hub_cache, capsys):
-    """`<pair>_preset.yaml` is its pair's GSPO recipe with `sharing: recommended` instead of `share_rollouts: false`,
+    """`<pair>_preset.yaml` is its pair's GSPO recipe with `sharing: recommended` instead of `sharing: none`,
     the HACPO recipe's peer settings and vLLM's share lower by 0.02 (a taught batch's forwards hold up to 8 rows, not
     4), and nothing else: its plan makes GSPO's 2 updates of 512 own rows per generation batch, none skipped."""
     hacpo = yaml.safe_load((ROOT / "recipes" / f"{pair}.yaml").read_text())
@@ -391,7 +391,7 @@ def test_preset_recipes_are_the_pairs_gspo_recipe_with_the_preset_line(pair, hub
     recipe = yaml.safe_load(path.read_text())
     peer = {"alpha", "peer_delta", "peer_delta_step"}
     assert {k for k in gspo.keys() | recipe.keys() if gspo.get(k) != recipe.get(k)} == (
-        {"output_dir", "share_rollouts", "sharing", "vllm_gpu_memory_utilization"} | peer
+        {"output_dir", "sharing", "vllm_gpu_memory_utilization"} | peer
     )
     assert recipe["sharing"] == "recommended" and {k: recipe[k] for k in peer} == {k: hacpo[k] for k in peer}
     assert (gspo["vllm_gpu_memory_utilization"], recipe["vllm_gpu_memory_utilization"]) == (0.3, 0.28)

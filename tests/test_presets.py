@@ -39,8 +39,13 @@ def test_a_name_expands_to_its_settings_and_a_setting_beside_it_wins():
     assert out["taught_cap"] == 0 and out["band_gate"] is False  # given beside it, even the paper's value
     assert "solo_steps_per_generation" not in out  # the recipe's own schedule: nothing skipped
     assert expand_sharing({"sharing": "none"})["share_rollouts"] is False
-    with pytest.raises(ValueError, match=r"`sharing` must be one of \('paper', 'none', 'recommended'"):
+    with pytest.raises(
+        ValueError,
+        match=r"must be one of 'paper', 'recommended', 'none', got 'recomended'; did you mean 'recommended'\?$",
+    ):
         expand_sharing({"sharing": "recomended"})
+    with pytest.raises(ValueError, match=r"got 'quarter_weight'$"):  # the benchmark's screened settings are not modes
+        expand_sharing({"sharing": "quarter_weight"})
     line = describe_sharing(out)
     assert (
         line.startswith("sharing: recommended (") and "taught_cap 0 (set)" in line and "band_gate false (set)" in line
@@ -71,8 +76,8 @@ def test_recipe_and_command_line_expand_alike_and_an_agent_cannot_name_a_mode(tm
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump({"sharing": "recommended", "agents": [{"name": "a"}, {"name": "b"}]}))
     assert load_recipe(str(path))["peer_prompts"] == "failed"
-    flags = load_recipe(str(path), ["--sharing", "failed_prompts", "--peer_filter", "all"])
-    assert (flags["sharing"], flags["taught_scale"], flags["peer_filter"]) == ("failed_prompts", 1.0, "all")
+    flags = load_recipe(str(path), ["--sharing", "paper", "--peer_filter", "correct"])
+    assert (flags["sharing"], flags["peer_prompts"], flags["peer_filter"]) == ("paper", "all", "correct")
     path.write_text(yaml.safe_dump({"sharing": "best", "agents": [{"name": "a"}]}))
     with pytest.raises(RecipeError, match="recipe key 'sharing': `sharing` must be one of"):
         load_recipe(str(path))
@@ -81,21 +86,25 @@ def test_recipe_and_command_line_expand_alike_and_an_agent_cannot_name_a_mode(tm
         resolve({"agents": agents})
 
 
-def test_rule_17s_choice_is_the_recommended_preset_and_the_earlier_presets_keep_their_names():
-    """`capped_taught` is `failed_prompts` with `taught_cap: 3`; `capped_almost_failed` (B, chosen by rule 17) adds
-    `taught_failed_rate: 0.125` and is `recommended`; rule 16's preset is `quarter_weight`, `failed_prompts` at a
-    quarter weight. Each makes a learner's checked settings, and the card line names what it changes."""
-    failed, capped = SHARING_PRESETS["failed_prompts"], SHARING_PRESETS["capped_taught"]
-    assert capped == {**failed, "taught_cap": 3}
-    assert SHARING_PRESETS["capped_almost_failed"] == {**capped, "taught_failed_rate": 0.125}
-    assert SHARING_PRESETS["recommended"] == SHARING_PRESETS["capped_almost_failed"]
-    assert SHARING_PRESETS["capped_mostly_failed"] == {**capped, "taught_failed_rate": 0.25}
-    assert SHARING_PRESETS["quarter_weight"] == {**failed, "taught_scale": 0.25}
+def test_the_public_modes_are_three_and_rule_17s_choice_is_the_recommended_one():
+    """A user picks the paper's rule, the recommended preset or no sharing; what the benchmark screened and did not
+    adopt lives in the benchmark (`reproduce.SCREENED_SHARING`). `recommended` is rule 17's candidate B:
+    `failed_prompts` (rule 13) with `taught_cap: 3` (A) and `taught_failed_rate: 0.125`; each makes a learner's
+    checked settings, and the card line names what it changes."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+
+    assert list(SHARING_PRESETS) == ["paper", "recommended", "none"]
+    screened = reproduce.SCREENED_SHARING
+    assert screened["capped_taught"] == {**screened["failed_prompts"], "taught_cap": 3}
+    assert screened["capped_almost_failed"] == {**screened["capped_taught"], "taught_failed_rate": 0.125}
+    assert SHARING_CHANGES["recommended"] == screened["capped_almost_failed"]
+    assert screened["capped_mostly_failed"] == {**screened["capped_taught"], "taught_failed_rate": 0.25}
+    assert screened["quarter_weight"] == {**screened["failed_prompts"], "taught_scale": 0.25}
     values = {**expand_sharing({"sharing": "recommended"}), "naive": False, "peer_clipping": True}
     settings = SharingSettings.from_values({**values, "capability_metric": "accuracy"})
     assert (settings.taught_cap, settings.taught_failed_rate, settings.taught_scale) == (3, 0.125, 1.0)
     assert describe_sharing(values).endswith("taught_cap 3, taught_failed_rate 0.125, band_gate true")
-    assert describe_sharing({"sharing": "quarter_weight"}).endswith("taught_scale 0.25, band_gate true")
     assert SHARING_PRESETS["paper"]["taught_cap"] == 0 and SHARING_PRESETS["paper"]["taught_failed_rate"] == 0
 
 
@@ -106,7 +115,7 @@ def test_the_benchmarks_preset_methods_are_the_names_settings():
     schedule = {*reproduce.HACPO_SCHEDULE, *reproduce.SOLO}
     for name, method in reproduce.PRESET_METHODS.items():
         settings = {k: v for k, v in reproduce.METHODS[method][0].items() if k not in schedule}
-        assert settings == SHARING_CHANGES[name], name
+        assert settings == reproduce.SHARING_SETTINGS[name], name
     assert reproduce.PRESET_METHODS["recommended"] == reproduce.RECOMMENDED
 
 
@@ -252,9 +261,11 @@ def test_for_every_named_mode_the_probe_reports_the_trainers_decision_after_the_
         assert trainer == {"learns_from": ["weak"], "taught": {"weak": ["p2"]}, "rescued": {}}
         weak = learner_view(decide(sharing, "weak", agents, caps, rows, 3, 0, RECORDS_8, True))
         assert weak["taught"] == {"strong": ["p1", "p4"]}
-        quarter = SharingSettings.from_values(
-            {**expand_sharing({"sharing": "quarter_weight"}), **values, "taught_failed_rate": 0.0}
-        )
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import reproduce
+
+        quarter = {**expand_sharing({}), **reproduce.SCREENED_SHARING["quarter_weight"]}
+        quarter = SharingSettings.from_values({**quarter, **values, "taught_failed_rate": 0.0})
         assert learner_view(decide(quarter, "weak", agents, caps, rows, 3, 0, RECORDS_8, True))["taught"] == {
             "strong": ["p1"]
         }
@@ -352,3 +363,19 @@ def test_each_learner_setting_is_declared_once():
 
     assert sorted(documented(_class(package / "sharing_settings.py", "SharingFields"))) == sorted(LEARNER_SETTINGS)
     assert not set(documented(config_class)) & set(LEARNER_SETTINGS)
+
+
+def test_every_recipe_names_its_mode_and_a_run_says_it_first():
+    """A copied recipe never trains with a mode its user did not see: each shipped recipe has a `sharing:` line,
+    and a run's first line about sharing names the mode, what it means, and when the recipe left it to the default."""
+    from hacpo_trl.train import _sharing_line
+
+    for path in sorted((ROOT / "recipes").glob("*.yaml")):
+        assert yaml.safe_load(path.read_text()).get("sharing") in SHARING_PRESETS, path.name
+    line = _sharing_line({"sharing": "recommended", "taught_cap": 2}, named=True)
+    assert line.startswith("hacpo: sharing: recommended (a peer's correct rows") and "taught_cap 2 (set)" in line
+    assert "not named" not in line
+    line = _sharing_line({}, named=False)
+    assert (
+        line.startswith("hacpo: sharing: paper (the paper's rule") and "[not named in the recipe: the default" in line
+    )

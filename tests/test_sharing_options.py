@@ -515,18 +515,23 @@ def test_a_learner_that_keeps_no_prompt_of_its_peer_trains_exactly_as_gspo(tmp_p
     assert _metric(llama, "loss") == _metric(gspo_llama, "loss")
 
 
+# rule 16's former preset: `recommended` without the cap and the failed rate, its taught rows at a quarter weight
+QUARTER = [f"{i}:{kv}" for i in (0, 1) for kv in ("taught_scale=0.25", "taught_cap=0", "taught_failed_rate=0.0")]
+
+
 @pytest.mark.launch
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("sharing", ["recommended", "quarter_weight"])
+@pytest.mark.parametrize("overrides", [[], QUARTER], ids=["recommended", "quarter weight"])
 def test_the_preset_on_gspos_schedule_skips_nothing_and_an_untaught_learner_trains_exactly_as_gspo(
-    tmp_path, launch, gspo_run, sharing
+    tmp_path, launch, gspo_run, overrides
 ):
     """`sharing: recommended` on the GSPO run's schedule, with a peer that solves nothing (qwen1): llama0 is never
     taught, so it makes GSPO's 8 optimizer steps (2 per generation batch, none skipped, no `solo_steps_per_generation`)
     and ends bit for bit as the GSPO baseline launched the same way; qwen1 is taught by llama0 within its own 2
     updates per batch. The same with rule 16's preset (`taught_scale: 0.25`, no cap or failed rate)."""
     launch(2, "train_agents.py", "--out", str(tmp_path / "run"), "--steps", "8", "--learning_rate", "0.2",
-           "--zero_reward", "1", "--sharing", sharing, "--override", "0:trim_padding=false")  # fmt: skip
+           "--zero_reward", "1", "--sharing", "recommended", "--override", "0:trim_padding=false",
+           *(f for o in overrides for f in ("--override", o)))  # fmt: skip
     llama, qwen = summaries(tmp_path / "run")
     assert _metric(llama, "hacpo/taught_prompts/qwen1") == [0.0] * 4 and _metric(llama, "hacpo/peer_rows") == [0] * 4
     assert not _metric(llama, "hacpo/skipped_updates") and not _metric(qwen, "hacpo/skipped_updates")

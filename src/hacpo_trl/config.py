@@ -112,14 +112,10 @@ class HACPOConfig(SharingFields, GRPOConfig):
             `taught_failed_rate: 0.125`, `taught_ratio_floor: 0.2`, `taught_schedule: solo`, `taught_cap: 3`,
             `band_gate: true`; every batch is cut as GSPO cuts the recipe's (no update skipped), taught rows joining
             its updates, so a GSPO recipe plus this line makes GSPO's optimizer steps. `"none"`:
-            `share_rollouts: false` (GSPO). The benchmark's earlier presets: `"quarter_weight"` (rule 16:
-            `peer_prompts: failed` with `taught_scale: 0.25` and no cap or failed rate), `"failed_prompts"` (rule 13:
-            that at full weight), `"confident_gate"` (rule 7: `peer_filter: correct`, `capability_gate: 1`,
-            `capability_gate_confidence: 0.95`, `band_gate: true`; an open peer takes the paper's schedule); rule 17's
-            candidates `"capped_taught"` (`failed_prompts` with `taught_cap: 3`) and `"capped_almost_failed"` (that
-            with `taught_failed_rate: 0.125`: the same as `recommended`); rule 18's candidate `"capped_mostly_failed"`
-            (`recommended` with `taught_failed_rate: 0.25`; not chosen). `--plan`, `hacpo-probe`, the model card
-            and `hacpo_summary.json` name the mode and its settings. The run's, not per agent.
+            `share_rollouts: false` (GSPO). The library's default is the paper's rule, as in the paper; every shipped
+            recipe names its mode, and a run's first lines say which it trains with. The settings the benchmark
+            screened and did not adopt are the benchmark's (`benchmarks/reproduce.py`). `--plan`, `hacpo-probe`, the
+            model card and `hacpo_summary.json` name the mode and its settings. The run's, not per agent.
         share_rollouts (`bool`, *optional*, defaults to `True`):
             Share completions between agents. `False` trains every agent independently with TRL's own loss (so
             `loss_type` / `importance_sampling_level` pick GRPO, GSPO, ...: the paper's baselines) while keeping the

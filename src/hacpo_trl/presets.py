@@ -8,6 +8,7 @@ the checks before any ML library loads read it.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,50 +37,21 @@ _PAPER: dict[str, Any] = {
     "capability_gate_confidence": 0.0,
 }
 
-# taught rows at full weight on the prompts the learner failed entirely, on GSPO's schedule
-_FAILED_PROMPTS = {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2,
-                   "taught_schedule": "solo", "band_gate": True}  # fmt: skip
-# rule 17's candidate B, chosen on its validation screen (benchmarks/RESULTS.md): the recommended preset
-_CAPPED_ALMOST_FAILED = {**_FAILED_PROMPTS, "taught_cap": 3, "taught_failed_rate": 0.125}
+# rule 17's candidate B, chosen on its validation screen (benchmarks/RESULTS.md): a peer's correct rows on the prompts
+# the learner solved at most 1 in 8 times, a batch's taught rows weighing at most 3 rows' worth, on GSPO's schedule
+_RECOMMENDED = {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2, "taught_schedule": "solo",
+                "band_gate": True, "taught_cap": 3, "taught_failed_rate": 0.125}  # fmt: skip
 
-# name -> (the settings it changes from the paper's rule, what it is). The names of the benchmark's presets are
-# those of benchmarks/reproduce.py (`PRESET_METHODS` there maps its method names to them).
+# name -> (the settings it changes from the paper's rule, what it is). The public modes only: the settings the
+# benchmark screened and did not adopt are its own (benchmarks/reproduce.py), next to the rules that tried them.
 _CHANGES: dict[str, tuple[dict[str, Any], str]] = {
     "paper": ({}, "the paper's rule: every peer row, in the band"),
-    "none": ({"share_rollouts": False}, "no sharing: every agent trains alone with TRL's loss (GSPO)"),
     "recommended": (
-        _CAPPED_ALMOST_FAILED,
+        _RECOMMENDED,
         "a peer's correct rows on the prompts the learner solved at most 1 in 8 times, at full weight while few "
         "(a batch's taught rows weigh at most 3 rows' worth), in GSPO's updates",
     ),
-    "quarter_weight": (
-        {**_FAILED_PROMPTS, "taught_scale": 0.25},
-        "the preset of rule 16: a peer's correct rows on the prompts the learner failed entirely, at a quarter "
-        "weight, in GSPO's updates",
-    ),
-    "failed_prompts": (
-        _FAILED_PROMPTS,
-        "the preset of rule 13: a peer's correct rows on the prompts the learner failed entirely, at full weight, in "
-        "GSPO's updates",
-    ),
-    # the candidates of benchmark rule 17 (benchmarks/RESULTS.md); B was chosen and is 'recommended'
-    "capped_taught": (
-        {**_FAILED_PROMPTS, "taught_cap": 3},
-        "'failed_prompts' with a batch's taught rows weighing at most 3 rows' worth (rule 17's candidate A)",
-    ),
-    "capped_almost_failed": (
-        _CAPPED_ALMOST_FAILED,
-        "rule 17's candidate B, chosen: 'recommended' ('capped_taught' also on the prompts solved at most 1 in 8)",
-    ),
-    # the candidate of benchmark rule 18 (benchmarks/RESULTS.md), not chosen: B stayed 'recommended'
-    "capped_mostly_failed": (
-        {**_FAILED_PROMPTS, "taught_cap": 3, "taught_failed_rate": 0.25},
-        "rule 18's candidate C, not chosen: 'recommended' also on the prompts the learner solved 2 in 8 times",
-    ),
-    "confident_gate": (
-        {"peer_filter": "correct", "capability_gate": 1.0, "capability_gate_confidence": 0.95, "band_gate": True},
-        "the preset of rule 7: correct rows of a peer at least as capable at 95% confidence, on the paper's schedule",
-    ),
+    "none": ({"share_rollouts": False}, "no sharing: every agent trains alone with TRL's loss (GSPO)"),
 }  # fmt: skip
 
 SHARING_PRESETS: dict[str, dict[str, Any]] = {name: {**_PAPER, **changes} for name, (changes, _) in _CHANGES.items()}
@@ -94,7 +66,9 @@ def _name(values: Mapping[str, Any]) -> str:
     if name is None:
         return DEFAULT_SHARING
     if name not in SHARING_PRESETS:
-        raise ValueError(f"`sharing` must be one of {tuple(SHARING_PRESETS)}, got {name!r}")
+        close = difflib.get_close_matches(str(name), SHARING_PRESETS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"`sharing` must be one of {', '.join(map(repr, SHARING_PRESETS))}, got {name!r}{hint}")
     return name
 
 

@@ -225,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             check_recipe(effective, num_processes=launched, checked=resolved)
             if said and os.environ.get("RANK", "0") == "0":
                 print(said, file=sys.stderr, flush=True)
+            start = _sharing_line(effective, named="sharing" in written or "--sharing" in argv)
             filter_library_warnings(recipe, argv)
         from trl import TrlParser
 
@@ -241,7 +242,18 @@ def main(argv: list[str] | None = None) -> int:
         reward_funcs = get_reward_funcs(script_args.reward_funcs)
     except (RecipeError, ValueError) as exc:
         return refuse(exc)
+    if written is not None and os.environ.get("HACPO_GLOBAL_RANK", os.environ.get("RANK", "0")) == "0":
+        print(start, file=sys.stderr, flush=True)  # every check passed: the mode this run trains with
     return _run(script_args, config, reward_funcs)
+
+
+def _sharing_line(recipe: dict, named: bool) -> str:
+    """The run's first line about sharing: the mode it trains with and what that means, and where the recipe does
+    not name one, that this is the default."""
+    line = f"hacpo: {describe_sharing(recipe)}"
+    if not named:
+        line += " [not named in the recipe: the default; `sharing: recommended` is the preset, docs/settings.md]"
+    return line
 
 
 def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
