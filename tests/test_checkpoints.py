@@ -125,3 +125,63 @@ def test_restore_state_and_the_deferred_save_total_limit(tmp_path):
         assert (limit, args.save_total_limit) == (3, None)  # TRL's save deletes nothing
         raise RuntimeError("interrupted")
     assert args.save_total_limit == 3
+
+
+def _saved(run, agent, *steps, owner=None):
+    """``run/agent/checkpoint-<step>`` folders that finished saving (owner: the agent their state names)."""
+    from hacpo_trl.checkpoints import save_state
+
+    for step in steps:
+        (run / agent / f"checkpoint-{step}").mkdir(parents=True)
+        save_state(str(run / agent), owner or agent, step, {})
+    return str(run / agent)
+
+
+def test_a_resume_path_means_its_step_for_every_agent_each_from_its_own_folder(tmp_path):
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR as TRANSFORMERS_PREFIX
+
+    from hacpo_trl.checkpoints import PREFIX_CHECKPOINT_DIR, agent_checkpoints
+
+    assert PREFIX_CHECKPOINT_DIR == TRANSFORMERS_PREFIX
+    dirs = {"a": _saved(tmp_path, "a", 2, 4), "b": _saved(tmp_path, "b", 2, 4)}
+    mine = {a: os.path.join(d, "checkpoint-2") for a, d in dirs.items()}
+    assert agent_checkpoints(str(tmp_path / "a" / "checkpoint-2"), dirs) == mine
+    assert agent_checkpoints(str(tmp_path / "b" / "checkpoint-2") + "/", dirs) == mine
+    assert agent_checkpoints("true", dirs) == {a: os.path.join(d, "checkpoint-4") for a, d in dirs.items()}
+    assert agent_checkpoints(None, dirs) == agent_checkpoints("false", dirs) == {"a": None, "b": None}
+    elsewhere = os.path.join(_saved(tmp_path / "earlier", "a", 6), "checkpoint-6")  # an earlier run of agent a
+    assert agent_checkpoints(elsewhere, {"a": dirs["a"]}) == {"a": elsewhere}  # one agent may, as in TRL
+    with pytest.raises(ValueError, match=r"outside every agent's output folder"):
+        agent_checkpoints(elsewhere, dirs)  # two agents could only both load it
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["empty folder", "missing", "output folder", "a step one agent lacks", "another agent's", "outside", "no common"],
+)
+def test_a_resume_that_cannot_work_is_refused_in_one_line_naming_the_fix(tmp_path, case):
+    from hacpo_trl.checkpoints import agent_checkpoints
+
+    dirs = {"a": _saved(tmp_path, "a", 2, 4), "b": _saved(tmp_path, "b", 2)}
+    (tmp_path / "empty").mkdir()
+    requested, match = {
+        "empty folder": (tmp_path / "empty", r"is not a checkpoint folder .*holds no complete checkpoint-<step>"),
+        "missing": (tmp_path / "nowhere", r"is not a checkpoint folder .*it does not exist"),
+        "output folder": (tmp_path / "a", r"it holds checkpoint-4, pass .*a/checkpoint-4"),
+        "a step one agent lacks": (tmp_path / "a" / "checkpoint-4", r"agent 'b': .*names step 4, .*complete steps: \[2\]"),
+        "another agent's": (tmp_path / "a" / "checkpoint-2", r"agent 'b': .*is a checkpoint of agent 'a'"),
+        "outside": (tmp_path / "elsewhere" / "checkpoint-2", r"outside every agent's output folder"),
+        "no common": ("true", r"no step was saved completely by every agent .*'a': \[2, 4\], 'b': \[\]"),
+    }[case]  # fmt: skip
+    if case == "another agent's":  # b's folder holds a checkpoint that agent a saved
+        import shutil
+
+        shutil.rmtree(tmp_path / "b" / "checkpoint-2")
+        _saved(tmp_path, "b", 2, owner="a")
+    if case == "no common":
+        import shutil
+
+        shutil.rmtree(tmp_path / "b" / "checkpoint-2")
+    with pytest.raises(ValueError, match=match) as info:
+        agent_checkpoints(str(requested), dirs)
+    assert "\n" not in str(info.value) and ("pass" in str(info.value) or "start without" in str(info.value))

@@ -4,6 +4,7 @@ truncated while saving. Every launch is bounded by a subprocess timeout, so a ha
 import shutil
 
 import pytest
+import torch
 
 from helpers import summaries
 
@@ -97,3 +98,24 @@ def test_agents_resuming_from_different_steps_are_refused(two_agents, tmp_path, 
     assert proc.returncode != 0
     assert "agents would resume from different steps: [('llama0', 2), ('qwen1', 4)]" in proc.stderr
     assert not list(out.glob("checkpoint-6")) and not list(out.glob("*/checkpoint-6"))
+
+
+def test_a_path_to_one_agents_checkpoint_resumes_every_agent_from_its_own(tmp_path, launch):
+    """Two agents of one architecture (the paper's Qwen3-4B x Qwen3-4B-Instruct), different weights: a resume path
+    inside llama0's folder means that step for both, so llama1 continues from its own checkpoint and ends as its
+    uninterrupted run did, not as a copy of llama0 (which it became when the path was applied to every agent)."""
+    from safetensors.torch import load_file
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    common = ("--agents", "llama:1,llama:1", "--base_seed", "1:11", "--steps", "4", "--save_steps", "2")
+    launch(2, "train_agents.py", "--out", str(first), *common, timeout=300)
+    shutil.copytree(first, second)
+    launch(2, "train_agents.py", "--out", str(second), *common, "--resume_path",
+           str(second / "llama0" / "checkpoint-2"), timeout=300)  # fmt: skip
+    agents = ("llama0", "llama1")
+    weights = {(run.name, a): load_file(run / a / "model.safetensors") for run in (first, second) for a in agents}
+    for agent in ("llama0", "llama1"):
+        resumed, uninterrupted = weights[("second", agent)], weights[("first", agent)]
+        assert all(torch.allclose(resumed[k], uninterrupted[k], rtol=1e-4, atol=1e-6) for k in resumed), agent
+    a, b = weights[("second", "llama0")], weights[("second", "llama1")]
+    assert any(not torch.equal(a[k], b[k]) for k in a), "llama1 became a copy of llama0"

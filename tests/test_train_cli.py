@@ -311,3 +311,29 @@ def test_processes_that_need_the_same_agent_build_it_once(tmp_path, monkeypatch,
     first.join(hang_guard(120))
     second.join(hang_guard(120))
     assert calls == ["tiny-llama"] and folders == [directory, directory]
+
+
+@pytest.mark.parametrize("tool", ["hacpo-train", "--plan", "hacpo-probe"])
+def test_a_resume_folder_without_a_checkpoint_is_refused_with_the_recipe_before_any_model_loads(
+    tool, tmp_path, capsys, monkeypatch
+):
+    """`--resume_from_checkpoint` at a folder holding no checkpoint: one `<tool>: error:` line naming the folder and
+    the fix, from the recipe checks, before any agent is built or evaluated (the training summary's 'before'
+    evaluation never runs)."""
+    from hacpo_trl import plan_cli, probe, train
+
+    monkeypatch.delenv("RANK", raising=False)
+    empty = tmp_path / "empty_ckpt"
+    empty.mkdir()
+    argv = ["--config", str(ROOT / "recipes" / "tiny_size.yaml"), "--output_dir", str(tmp_path / "run"),
+            "--resume_from_checkpoint", str(empty)]  # fmt: skip
+    built = []
+    monkeypatch.setattr("hacpo_trl.builtin.resolve_model", lambda name: built.append(name) or name)
+    run = {"hacpo-train": train.main, "--plan": lambda a: plan_cli.main([*a, "--plan"]), "hacpo-probe": probe.main}
+    assert run[tool](argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    prog = "hacpo-train --plan" if tool == "--plan" else tool
+    line = next(x for x in err if x.startswith(f"{prog}: error:"))
+    assert f"recipe key 'resume_from_checkpoint': resume_from_checkpoint '{empty}' is not a checkpoint folder" in line
+    assert "pass `true` to resume every agent from the newest step all of them saved" in line
+    assert not built and "Traceback" not in "\n".join(err)

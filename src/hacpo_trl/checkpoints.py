@@ -16,10 +16,9 @@ import shutil
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
 __all__ = [
     "STATE_FILE",
+    "agent_checkpoints",
     "check_same_start",
     "chosen_checkpoint",
     "complete_checkpoints",
@@ -35,6 +34,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "hacpo_state.json"
+PREFIX_CHECKPOINT_DIR = "checkpoint"  # transformers' (`trainer_utils.PREFIX_CHECKPOINT_DIR`), without importing it
 
 
 def _checkpoints(run_dir: str) -> dict[int, str]:
@@ -135,17 +135,102 @@ def save_state(run_dir: str, agent: str, global_step: int, capability: dict) -> 
     write_state(folder, {"agent": agent, "global_step": global_step, "capability": capability})
 
 
-def chosen_checkpoint(
-    requested, agent: str, complete: dict[int, str], everyone: Sequence[tuple], describe_rank: Callable[[int], str]
-) -> str | None:
-    """The checkpoint `resume_from_checkpoint` (``requested``) names: with True or ``"last"`` the newest step every
-    agent saved completely (:func:`resume_checkpoint`), else the path given; None: training starts afresh. The
-    command line gives strings: ``"true"`` means True and ``"false"`` nothing, as in a recipe."""
+def _requested(requested):
+    """``resume_from_checkpoint`` as a recipe or the command line give it: ``"true"`` / ``"last"`` mean True,
+    ``"false"`` or empty nothing (None), anything else a path."""
     if isinstance(requested, str) and requested.strip().lower() in ("true", "false", "last", ""):
-        requested = requested.strip().lower() in ("true", "last")
+        return requested.strip().lower() in ("true", "last") or None
+    return requested or None
+
+
+def _step(path: str) -> int | None:
+    name = os.path.basename(os.path.normpath(path))
+    prefix = f"{PREFIX_CHECKPOINT_DIR}-"
+    return int(name[len(prefix) :]) if name.startswith(prefix) and name[len(prefix) :].isdigit() else None
+
+
+_FIX = "pass `true` to resume every agent from the newest step all of them saved"
+
+
+def agent_checkpoints(requested, output_dirs: dict[str, str]) -> dict[str, str | None]:
+    """Each agent's checkpoint that ``resume_from_checkpoint`` names, checked on disk before anything loads.
+
+    ``output_dirs``: each agent's output folder. True (``"true"``, ``"last"``): the newest step every agent saved
+    completely. A path: a ``checkpoint-<step>`` folder of one agent of the run means that step for every agent, each
+    resuming from its own ``<output_dir>/checkpoint-<step>`` (one agent's weights are never loaded into another); a
+    single agent may also resume from a checkpoint outside its folder, as in TRL. Refused with one line naming the
+    problem and the fix: a path that is not a checkpoint, a step an agent has no complete checkpoint of, no step
+    every agent saved, or a checkpoint that another agent saved (its ``hacpo_state.json``). None: from scratch."""
+    requested = _requested(requested)
+    if requested is None:
+        return dict.fromkeys(output_dirs)
+    folders = {a: complete_checkpoints(d) for a, d in output_dirs.items()}
+    if requested is True:
+        common = set.intersection(*(set(f) for f in folders.values()))
+        if not common:
+            saved = {a: sorted(f) for a, f in folders.items()}
+            raise ValueError(
+                f"resume_from_checkpoint is true, but no step was saved completely by every agent (complete "
+                f"checkpoints per agent: {saved}, in {sorted(set(output_dirs.values()))}); start without "
+                "resume_from_checkpoint, or pass the output_dir the checkpoints were saved under"
+            )
+        return {a: f[max(common)] for a, f in folders.items()}
+    path = os.path.normpath(os.path.expanduser(str(requested)))
+    step = _step(path)
+    if step is None:
+        held = sorted(complete_checkpoints(path)) if os.path.isdir(path) else []
+        where = f"it holds checkpoint-{held[-1]}, pass {os.path.join(path, f'checkpoint-{held[-1]}')}" if held else (
+            "it does not exist" if not os.path.exists(path) else "it holds no complete checkpoint-<step> folder"
+        )  # fmt: skip
+        raise ValueError(
+            f"resume_from_checkpoint {requested!r} is not a checkpoint folder (<output_dir>/<agent>/checkpoint-<step>): "
+            f"{where}; or {_FIX}"
+        )
+    if len(output_dirs) > 1:
+        inside = any(os.path.dirname(path) == os.path.normpath(d) for d in output_dirs.values())
+        if not inside:
+            raise ValueError(
+                f"resume_from_checkpoint {requested!r} is outside every agent's output folder "
+                f"({', '.join(sorted(output_dirs.values()))}): a run of several agents resumes each from its own "
+                f"checkpoint-<step>; pass one of them, or {_FIX}"
+            )
+        chosen = {a: os.path.join(d, os.path.basename(path)) for a, d in output_dirs.items()}
+    else:
+        chosen = dict.fromkeys(output_dirs, path)
+    for agent, folder in chosen.items():
+        if not os.path.isfile(os.path.join(folder, STATE_FILE)):
+            saved = sorted(folders[agent])
+            raise ValueError(
+                f"agent {agent!r}: resume_from_checkpoint names step {step}, but {folder} is not a complete "
+                f"checkpoint (no {STATE_FILE}; this agent's complete steps: {saved or 'none'}); {_FIX}"
+            )
+        owner = read_state(folder, agent).get("agent")
+        if owner not in (None, agent):
+            raise ValueError(
+                f"agent {agent!r}: {folder} is a checkpoint of agent {owner!r}; an agent resumes only from its own "
+                f"checkpoints: give each agent its own output_dir, or {_FIX}"
+            )
+    return chosen
+
+
+def chosen_checkpoint(
+    requested,
+    agent: str,
+    complete: dict[int, str],
+    everyone: Sequence[tuple],
+    describe_rank: Callable[[int], str],
+    output_dirs: dict[str, str] | None = None,
+) -> str | None:
+    """The checkpoint `resume_from_checkpoint` (``requested``) names for ``agent``: with True or ``"last"`` the newest
+    step every agent saved completely (:func:`resume_checkpoint`), else this agent's own checkpoint of the step the
+    path names (:func:`agent_checkpoints`; ``output_dirs``: every agent's folder); None: training starts afresh. The
+    command line gives strings: ``"true"`` means True and ``"false"`` nothing, as in a recipe."""
+    requested = _requested(requested)
     if requested is True:
         return resume_checkpoint(agent, complete, everyone, describe_rank)
-    return requested or None
+    if requested is None or output_dirs is None:
+        return requested
+    return agent_checkpoints(requested, output_dirs)[agent]
 
 
 def resumed_line(agent: str, checkpoint: str | None, step: int) -> str | None:

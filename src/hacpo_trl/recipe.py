@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from .presets import expand_sharing
-from .resolve import ResolvedRecipe, check_overrides, resolve
+from .resolve import DEFAULT_OUTPUT_DIR, ResolvedRecipe, check_overrides, resolve
 
 __all__ = [
     "HACPOScriptArguments",
@@ -246,6 +246,13 @@ def check_recipe(
         raise RecipeError(f"recipe key 'eval_split' must be 'test' or 'validation', got {recipe['eval_split']!r}")
     if checked is None:
         preflight(recipe, num_processes, data=False, resolved=resolved)
+    from .checkpoints import agent_checkpoints  # torch-free
+
+    try:  # a resume that cannot work is refused here, before any model loads
+        folders = {a.name: a.output_dir or DEFAULT_OUTPUT_DIR for a in resolved.agents}
+        agent_checkpoints(recipe.get("resume_from_checkpoint"), folders)
+    except ValueError as exc:
+        raise RecipeError(f"recipe key 'resume_from_checkpoint': {exc}") from None
     return resolved
 
 

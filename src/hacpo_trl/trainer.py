@@ -447,11 +447,14 @@ class HACPOTrainer(GRPOTrainer):
             checkpoints.prune_checkpoints(run_dir, limit, keep=self.state.best_model_checkpoint)
 
     def train(self, resume_from_checkpoint=None, **kwargs):
-        """As `Trainer.train`; ``resume_from_checkpoint=True``: from the newest step every agent saved completely."""
+        """As `Trainer.train`; ``resume_from_checkpoint=True``: from the newest step every agent saved completely; a
+        path to one agent's ``checkpoint-<step>``: every agent from its own checkpoint of that step."""
         complete = checkpoints.complete_checkpoints(self.args.output_dir)
-        report = (self.agent, self.accelerator.process_index == 0, sorted(complete), resume_from_checkpoint)
+        main = self.accelerator.process_index == 0
+        report = (self.agent, main, sorted(complete), resume_from_checkpoint, self.args.output_dir)
         everyone = self.exchange.all_gather(report, what="checkpoints to resume from")
-        where = (self.agent, complete, everyone, self.topology.describe_rank)
+        folders = {entry[0]: entry[4] for entry in everyone if entry[1]}
+        where = (self.agent, complete, everyone, self.topology.describe_rank, folders)
         checkpoint = checkpoints.chosen_checkpoint(resume_from_checkpoint, *where)
         step = checkpoints.restore_state(checkpoint, self.agent, self.capability)
         if (line := checkpoints.resumed_line(self.agent, checkpoint, step)) and self.accelerator.is_main_process:

@@ -33,6 +33,10 @@ parser.add_argument("--no_share", action="store_true")
 parser.add_argument("--save_steps", type=int, default=0)
 parser.add_argument("--resume", action="store_true")
 parser.add_argument("--resume_step", action="append", default=[], help="i:step, agent i resumes from checkpoint-<step>")
+parser.add_argument(
+    "--resume_path", default=None, help="every agent is given this resume_from_checkpoint, as a CLI flag"
+)
+parser.add_argument("--base_seed", action="append", default=[], help="i:seed, agent i's random base model's seed")
 parser.add_argument("--generation_batch", type=int, default=8)
 parser.add_argument("--steps_per_generation", type=int, default=2)
 parser.add_argument("--gradient_accumulation_steps", type=int, default=1)
@@ -159,7 +163,9 @@ if kind.startswith("builtin="):  # a built-in agent (or real pretrained model) f
         resolve_model(base)  # the agent's own rank 0 builds or converts it once
 elif int(os.environ["RANK"]) == 0 and not os.path.isdir(base):  # the agent's own rank 0
     tok = char_tokenizer() if kind == "llama" else bpe_tokenizer()
-    model = tiny_llama(tok, seed=1) if kind == "llama" else tiny_qwen2(tok, seed=2)
+    seeds = [int(s) for i, _, s in (v.partition(":") for v in opts.base_seed) if specs[int(i)].name == args.agent_name]
+    seed = seeds[0] if seeds else (1 if kind == "llama" else 2)
+    model = tiny_llama(tok, seed=seed) if kind == "llama" else tiny_qwen2(tok, seed=seed)
     if opts.stop_on_digits:  # digits end a completion too (like EOS), so that many completions finish in 8 tokens
         model.generation_config.eos_token_id = [tok.eos_token_id, *tok.convert_tokens_to_ids(list("0123456789"))]
     model.save_pretrained(base)
@@ -344,7 +350,7 @@ def recording_update_capability(records, mode):
 
 trainer._update_capability = recording_update_capability
 before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-resume = True if opts.resume else None
+resume = True if opts.resume else opts.resume_path
 for step in my_steps(*opts.resume_step):
     resume = os.path.join(args.output_dir, f"checkpoint-{step}")
 if opts.grad_scaler:  # before train(): accelerate hands it to the optimizer it prepares there
