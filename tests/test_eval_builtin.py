@@ -42,3 +42,45 @@ def test_eval_reproduces_the_runs_held_out_accuracy_and_refuses_the_other_task(t
     wrong = subprocess.run([*cmd, "--benchmark", "arithmetic"], capture_output=True, text=True, timeout=300)
     assert wrong.returncode == 2
     assert "was trained on 'arithmetic_trace', not 'arithmetic'" in wrong.stderr
+
+
+REWARDS = '''def always(completions, **kwargs):
+    """A reward unlike the task's: every completion is right, whatever it says."""
+    return [1.0] * len(completions)
+
+
+def never(completions, **kwargs):
+    return [0.0] * len(completions)
+'''
+
+
+def test_eval_scores_with_the_runs_own_reward_functions(tmp_path, monkeypatch):
+    """A run trained with a custom reward: `hacpo-eval` imports the run's recorded `reward_funcs`, as training did,
+    so its number is the summary's (the task's built-in reward would give another); `--reward_funcs` overrides;
+    without the module on PYTHONPATH one line names it, before any model loads."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "my_rewards.py").write_text(REWARDS)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'mine'}:{__import__('os').environ.get('PYTHONPATH', '')}")
+    out = tmp_path / "run"
+    run = accelerate_launch(
+        2, "-m", "hacpo_trl.train", "--config", str(ROOT / "recipes" / "tiny_state.yaml"), "--output_dir", str(out),
+        "--max_steps", "1", "--eval_samples", "8", "--plot", "false", "--reward_funcs", "my_rewards:always",
+        timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert run.stderr.count("hacpo: sharing: paper (the paper's rule") == 1  # the mode, said once at the start
+    summary = json.loads((out / "hacpo_summary.json").read_text())
+    assert summary["trace-base"]["accuracy_after"] == 1.0  # the task's own reward: trace-base solves 0.17
+    cmd = [sys.executable, "-m", "hacpo_trl.evaluate", "--model", str(out / "trace-base")]
+    proc = subprocess.run([*cmd, "--output_dir", str(tmp_path / "eval")], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads((tmp_path / "eval" / "results.json").read_text())["trace-base"]["arithmetic_trace"]
+    assert got["n"] == 8 and got["avg@k"] == 1.0, got
+    flag = [*cmd, "--reward_funcs", "my_rewards:never", "--output_dir", str(tmp_path / "eval2")]
+    assert subprocess.run(flag, capture_output=True, text=True, timeout=900).returncode == 0
+    assert json.loads((tmp_path / "eval2" / "results.json").read_text())["trace-base"]["arithmetic_trace"]["avg@k"] == 0
+    monkeypatch.setenv("PYTHONPATH", "")
+    proc = subprocess.run([*cmd, "--output_dir", str(tmp_path / "eval3")], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("hacpo-eval: error: --model") and "my_rewards" in line and "PYTHONPATH" in line, line

@@ -496,8 +496,25 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="e.g. '{\"enable_thinking\": false}'; default: the agent's own from training (hacpo_task.json)",
     )
+    parser.add_argument(
+        "--reward_funcs",
+        nargs="+",
+        default=None,
+        help="as hacpo-train's: a built-in name or package.module:function (its folder on PYTHONPATH); the first "
+        "scores each completion. Default: on the task an agent was trained on, its run's (hacpo_task.json), so "
+        "that the number is the training summary's; elsewhere the benchmark's own",
+    )
     parser.add_argument("--output_dir", default="eval_results")
     args = parser.parse_args(argv)
+    from .rewards import get_reward_funcs
+
+    def reward_of(names, whose: str):
+        try:
+            return get_reward_funcs(list(names))[0]
+        except ValueError as exc:
+            parser.error(f"{whose} reward_funcs {list(names)} cannot be loaded: {exc}")
+
+    chosen_reward = reward_of(args.reward_funcs, "--reward_funcs") if args.reward_funcs else None
 
     benches: dict[str, Benchmark | None] = {}
     for name in args.benchmark or []:
@@ -542,11 +559,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"--model {path!r} was trained on {task!r}, not {name!r}: use --benchmark {task} "
                     "(or leave --benchmark out)"
                 )
-        plans[path] = (chosen, record)
+        # what training scored with, loaded before any model (a custom module missing from PYTHONPATH: one line)
+        rewards = {}
+        if chosen_reward is None and record.get("reward_funcs") and task in chosen:
+            fix = "put its module's folder on PYTHONPATH as in training, or pass --reward_funcs"
+            rewards[task] = reward_of(record["reward_funcs"], f"--model {path!r}: its run's ({fix});")
+        plans[path] = (chosen, record, rewards)
 
     results: dict[str, dict[str, dict]] = {}
     for path in args.model:
-        benches, record = plans[path]
+        benches, record, rewards = plans[path]
         model = load_for_eval(path) if args.backend == "hf" else None
         tok = AutoTokenizer.from_pretrained(path, padding_side="left")
         name = os.path.basename(os.path.normpath(path))
@@ -570,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
                     limit = record["eval_samples"]  # the problems the run's summary reports
             else:
                 data, reward, max_new = load_benchmark(bench), math_verify_boxed, args.max_new_tokens
+            reward = chosen_reward or rewards.get(bench_name, reward)
             if limit:
                 data = data.select(range(min(limit, len(data))))
             sampling = dict(k=args.k, temperature=args.temperature, max_new_tokens=max_new)
