@@ -584,3 +584,18 @@ def test_the_one_gpu_preset_recipe_fits_an_80_gb_card_on_gspos_schedule(hub_cach
     assert "plan: OK" in out and "sharing: recommended (" in out
     line = "2 optimizer updates per generation batch, as GSPO with this recipe: 32 own rows each, none skipped"
     assert out.count(line) == 2 and out.count("rows per forward pass: 32\n") == 2
+
+
+def test_a_batch_that_does_not_divide_into_prompt_groups_gets_its_fix_and_no_verdict_on_the_split(capsys):
+    """`--per_device_train_batch_size 5` on the size recipe: 20 completions are not whole groups of 8. The plan says
+    so where it shows the batch (never "2.5 prompts"), its PROBLEM line carries the launch's fix, and the balance
+    section judges no split instead of calling the broken one the best."""
+    code = plan_main(["--config", str(ROOT / "recipes" / "tiny_size.yaml"), "--per_device_train_batch_size", "5",
+                      "--plan"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 1 and "2.5 prompts" not in out and "the current split is the best one" not in out
+    assert out.count("generation batch: 20 completions, not whole prompt groups of 8 (PROBLEM below)") == 2
+    problems = [line for line in out.splitlines() if line.startswith("plan: PROBLEM")]
+    assert len(problems) == 2 and all("use num_generations 2, 4, 5, 10 or 20, or per_device_train_batch_size 4 or 6"
+                                      in line for line in problems), problems  # fmt: skip
+    assert "no split judged: 20 completions are not whole prompt groups of 8 (fix the PROBLEM above first)" in out

@@ -62,7 +62,8 @@ def test_flags_are_sentences_with_their_numbers():
     assert found == [
         "smol <- tiny: no peer row in the band [0.80, 1] (median ratio 0.004 over 3 rows): smol learns nothing from "
         "tiny, yet its rewards still shift smol's baseline (`band_gate: true` closes such a peer); their tokenizers, "
-        "chat templates or stop tokens disagree, the traces are written differently, or the models are too far apart.",
+        "chat templates or stop tokens disagree, the traces are written differently, or the models are too far apart "
+        "(from 3 rows only: too few to tell; sample more with --prompts).",
         "big <- small: 75% of the 4 peer rows that would train are wrong answers, so big would train mostly on wrong "
         "peer rows (each pushed down); `peer_filter: correct` trains only on correct peer rows.",
         "smol: 94% of its 16 completions were cut at max_completion_length=40 without stopping; raise it, or those "
@@ -182,6 +183,25 @@ def test_probe_on_the_state_pair_prints_the_table_and_writes_every_field(state_p
 
 
 @pytest.mark.launch
+def test_a_taught_pair_is_flagged_by_the_band_gates_verdict_never_by_the_band():
+    """With taught rows (`peer_prompts: failed`) the band does not apply: a pair the band gate keeps open gets no
+    "no peer row in the band" flag (the README's own pair said both), and one it closes is flagged with its taught
+    rows' numbers, saying when they are too few to tell."""
+    stats = pair_stats([0.1, 0.2, 0.3, 0.5], [1, 1, 1, 1], [1] * 4, 0.8, 1.0)  # no row in the band
+    taught = {"prompts": ["p1"], "rows": 4, "median": 0.4, "at_floor": 3, "floor": 0.2}
+    kept = {"learner": "large", "generator": "small", "peer_prompts": "failed", "taught": taught,
+            "band_gate_keeps": True, **stats}  # fmt: skip
+    assert flags(_report([kept], {})) == []
+    closed = {**kept, "taught": {**taught, "at_floor": 0, "median": 0.1}, "band_gate_keeps": False}
+    assert flags(_report([closed], {})) == [
+        "large <- small: none of its 4 taught rows reaches the floor 0.2 (median ratio 0.1): the band gate closes "
+        "small at such a batch, so large is not taught by it; their formats, tokenizers or chat templates differ "
+        "(from 4 rows only: too few to tell; sample more with --prompts)."
+    ]
+    many = {**closed, "taught": {**closed["taught"], "rows": 40}}
+    assert "too few" not in flags(_report([many], {}))[0]
+
+
 def test_probe_flags_smollm2_and_tiny_llama_as_too_far_apart(tmp_path):
     recipe = {
         "task": "arithmetic", "reward_funcs": ["arithmetic_exact"], "eval_samples": 0,

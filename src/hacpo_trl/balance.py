@@ -183,6 +183,11 @@ def report(recipe: dict, agents: list[tuple[str, int, int]], prompt_tokens: floa
             f"{max(best.times.values()) / max(now.times.values()):.0%} of now; idle {_idle_text(best)}); "
             f"per_device_train_batch_size {_per_device_text(best)}"
         )
+    elif completions % int(get("num_generations", 8)):
+        lines.append(
+            f"  no split judged: {completions} completions are not whole prompt groups of {get('num_generations', 8)}"
+            " (fix the PROBLEM above first)"
+        )
     else:
         lines.append(f"  the current split is the best one this generation batch divides ({completions} completions)")
     if ideal.split != (best.split if best else None):

@@ -48,7 +48,13 @@ from dataclasses import dataclass, field
 
 from .presets import describe_sharing, expand_sharing
 from .resolve import ResolvedAgent, ResolvedRecipe, resolve
-from .schedule import ends_inside_batch, solo_fits, update_schedule_problem, updates_within_batches
+from .schedule import (
+    ends_inside_batch,
+    generation_groups_problem,
+    solo_fits,
+    update_schedule_problem,
+    updates_within_batches,
+)
 from .sharing_settings import SharingSettings
 
 __all__ = [
@@ -691,11 +697,12 @@ def make_plan(
                 f"{batch['steps_per_generation']} and be a multiple of gradient_accumulation_steps "
                 f"{batch['gradient_accumulation_steps']} (whole optimizer updates)"
             )
-        if batch["own_completions_per_rank"] % batch["num_generations"] and n_agents > 1:
-            problems.append(
-                f"agent {name!r}: {batch['own_completions_per_rank']} completions per rank is not a whole number of "
-                f"prompt groups of {batch['num_generations']}"
-            )
+        groups = generation_groups_problem(
+            batch["per_device_train_batch_size"], len(ranks), batch["steps_per_generation"],
+            batch["num_generations"],
+        )  # fmt: skip
+        if groups and n_agents > 1:
+            problems.append(f"agent {name!r}: {groups}")  # what the launch would refuse, with its fix
         parts = {k: v / GIB for k, v in checkpoint_parts(d, trainable, lora, launch, load_bytes).items()}
         ckpt = sum(parts.values())
         tokens = forward_rows(batch) * seq
@@ -847,6 +854,14 @@ def _schedule(recipe: dict, batch: dict, dataset_rows: int | None, problems: lis
 # --------------------------------------------------------------------------------------------------- output
 
 
+def _prompts(batch: dict) -> str:
+    """Prompts per generation batch; a batch that holds no whole number of prompt groups says so instead."""
+    prompts, g, n = batch["prompts_per_generation"], batch["num_generations"], batch["completions_per_generation"]
+    if float(prompts).is_integer():
+        return f"{prompts:g} prompts x {g} = {n} completions"
+    return f"{n} completions, not whole prompt groups of {g} (PROBLEM below)"
+
+
 def format_plan(plan: Plan) -> str:
     """The plan as text for a terminal."""
     lines = []
@@ -873,8 +888,7 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"agent {a.name} ({a.model}): {a.params:,} parameters, {a.trainable:,} trained")
         lines.append(f"  global ranks {a.ranks[0]}-{a.ranks[-1]} on {', '.join(a.devices)}")
         lines.append(
-            f"  generation batch: {b['prompts_per_generation']:g} prompts x {b['num_generations']} = "
-            f"{b['completions_per_generation']} completions; per rank {b['own_completions_per_rank']} own + "
+            f"  generation batch: {_prompts(b)}; per rank {b['own_completions_per_rank']} own + "
             f"{b['peer_rows_per_rank']} peer rows"
         )
         mix = ", ".join(f"{u['own']} own + {u['peer']} peer" for u in b["rows_per_update"])

@@ -169,13 +169,22 @@ def flags(report: dict) -> list[str]:
     lb = report["band"][0]
     for p in report["pairs"]:
         pair = f"{p['learner']} <- {p['generator']}"
-        if p["rows"] and not p["all"]["in_band"]:
+        taught = p.get("peer_prompts", "all") != "all"  # taught rows have no band: the floor and the gate decide
+        if taught and p.get("band_gate_keeps") is False and p["taught"]["rows"]:
+            t = p["taught"]
+            out.append(
+                f"{pair}: none of its {t['rows']} taught rows reaches the floor {t['floor']:g} (median ratio "
+                f"{t['median']:.3g}): the band gate closes {p['generator']} at such a batch, so {p['learner']} is not "
+                f"taught by it; their formats, tokenizers or chat templates differ{_few(t['rows'])}."
+            )
+        elif not taught and p["rows"] and not p["all"]["in_band"]:
             median = p["ratio"]["median"]
             out.append(
                 f"{pair}: no peer row in the band [{lb:.2f}, 1] (median ratio {median:.3g} over {p['rows']} rows): "
                 f"{p['learner']} learns nothing from {p['generator']}, yet its rewards still shift "
                 f"{p['learner']}'s baseline (`band_gate: true` closes such a peer); their tokenizers, chat templates "
-                "or stop tokens disagree, the traces are written differently, or the models are too far apart."
+                f"or stop tokens disagree, the traces are written differently, or the models are too far apart"
+                f"{_few(p['rows'])}."
             )
         wrong = p["wrong_share_of_would_train"]
         if wrong is not None and wrong > 0.5:
@@ -196,6 +205,13 @@ def flags(report: dict) -> list[str]:
                 "groups have no reward spread, so it gets no learning signal from its own rows."
             )
     return out
+
+
+FEW_ROWS = 16  # a verdict from fewer peer rows than this says it may be chance
+
+
+def _few(rows: int) -> str:
+    return f" (from {rows} rows only: too few to tell; sample more with --prompts)" if rows < FEW_ROWS else ""
 
 
 def _other_options(report: dict) -> str:
@@ -253,7 +269,7 @@ def render(report: dict) -> str:
         lines.append(
             f"  {p['learner']} <- {p['generator']}: {len(t['prompts'])} of {report['prompts']} prompts "
             f"({which}), {t['rows']} taught rows, ratio median {median}, {t['at_floor']} at or above "
-            f"the floor {t['floor']:g}{gate}"
+            f"the floor {t['floor']:g}{gate}{_few(t['rows']) if t['rows'] else ''}"
         )
     lines += ["", "| agent | completions | own accuracy | cut at max length |", "|---|---|---|---|"]
     for agent, a in report["agents"].items():
