@@ -84,3 +84,33 @@ def test_eval_scores_with_the_runs_own_reward_functions(tmp_path, monkeypatch):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("hacpo-eval: error: --model") and "my_rewards" in line and "PYTHONPATH" in line, line
+
+
+def test_a_dataset_task_is_evaluated_on_its_held_out_rows_or_says_it_has_none(tmp_path):
+    """`task: dataset` with `dataset_test_split` (here a .jsonl of held-out rows): accuracy before and after training,
+    scored with the run's reward on the first `eval_samples` rows; without it, one line says there is none."""
+    rows = [
+        {"prompt": [{"role": "user", "content": f"{a}+{b}="}], "answer": str(a + b)} for a in range(6) for b in range(4)
+    ]
+    for name, part in (("train.jsonl", rows[:16]), ("held_out.jsonl", rows[16:])):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in part))
+    common = ["--config", str(ROOT / "recipes" / "demo_cpu.yaml"), "--task", "dataset", "--dataset_name",
+              str(tmp_path / "train.jsonl"), "--reward_funcs", "arithmetic_exact", "--max_steps", "1",
+              "--eval_samples", "6", "--plot", "false"]  # fmt: skip
+    out = tmp_path / "with"
+    run = accelerate_launch(2, "-m", "hacpo_trl.train", *common, "--output_dir", str(out), "--dataset_test_split",
+                            str(tmp_path / "held_out.jsonl"), timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    summary = json.loads((out / "hacpo_summary.json").read_text())
+    for agent in ("tiny-llama", "tiny-qwen2"):
+        before, after = summary[agent]["accuracy_before"], summary[agent]["accuracy_after"]
+        assert before is not None and after is not None, summary[agent]
+        assert all(abs(x * 6 - round(x * 6)) < 1e-4 for x in (before, after)), summary[agent]  # 6 rows scored
+    assert "has no held-out rows" not in run.stderr
+    run = accelerate_launch(2, "-m", "hacpo_trl.train", *common, "--output_dir", str(tmp_path / "without"),
+                            timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert run.stderr.count("hacpo: task 'dataset' has no held-out rows") == 1
+    assert (
+        json.loads((tmp_path / "without" / "hacpo_summary.json").read_text())["tiny-llama"]["accuracy_before"] is None
+    )

@@ -244,3 +244,21 @@ def test_curves_after_one_generation_batch_show_markers_and_held_out_accuracy(tm
         line.get_marker() not in (None, "None", "") for line in reward_ax.get_lines() + capability_ax.get_lines()
     )
     assert "greedy" in reward_ax.get_title() and "sampled" in reward_ax.get_title()
+
+
+@pytest.mark.launch
+def test_an_agent_that_cannot_start_ends_the_run_with_one_line_naming_it(tmp_path):
+    """A failure after start-up (here the first agent's folder holds a config.json that is not JSON: it passes the
+    checks, which read no model files, and fails in from_pretrained): the run still ends with the one
+    `hacpo-train: error:` line naming the agent and the cause, as its last line, not a traceback per rank. (An
+    agent on another global rank than 0 prints it after HACPO_ERROR_WAIT, as `refuse` does.)"""
+    folder = tmp_path / "broken-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{ not json")
+    agents = [{"name": "tiny-qwen2", "model_name_or_path": str(folder)}, GOOD["agents"][0]]
+    proc = _launch(tmp_path, {"agents": agents}, [], 2, combined=True)
+    out, _ = proc.communicate(timeout=600)
+    first, last = _first_and_last(out)
+    assert proc.returncode == 1, out[-3000:]
+    assert last.startswith("hacpo-train: error: agent 'tiny-qwen2' could not start: "), out[-3000:]
+    assert "config.json" in last and last in first, out[-3000:]

@@ -337,3 +337,28 @@ def test_a_resume_folder_without_a_checkpoint_is_refused_with_the_recipe_before_
     assert f"recipe key 'resume_from_checkpoint': resume_from_checkpoint '{empty}' is not a checkpoint folder" in line
     assert "pass `true` to resume every agent from the newest step all of them saved" in line
     assert not built and "Traceback" not in "\n".join(err)
+
+
+@pytest.mark.skipif(
+    __import__("importlib.util").util.find_spec("vllm") is not None, reason="vLLM is installed in this environment"
+)
+@pytest.mark.parametrize("where", ["run", "agent"])
+def test_use_vllm_without_vllm_is_refused_before_any_agent_is_built(where, tmp_path, capsys, monkeypatch):
+    """`recipes/tiny_vllm.yaml` in the default venv: one line naming the install, before any agent is built (it built
+    `vllm-llama`, then died with a raw ModuleNotFoundError); an agent's own `use_vllm` override counts too."""
+    from hacpo_trl import train
+
+    monkeypatch.delenv("RANK", raising=False)
+    built = []
+    monkeypatch.setattr("hacpo_trl.builtin.resolve_model", lambda name: built.append(name) or name)
+    recipe = yaml.safe_load((ROOT / "recipes" / "tiny_vllm.yaml").read_text())
+    if where == "agent":
+        recipe["use_vllm"] = False
+        recipe["agents"][1]["overrides"] = {"use_vllm": True}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    assert train.main(["--config", str(path), "--output_dir", str(tmp_path / "run")]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    agents = "'vllm-llama', 'vllm-qwen2'" if where == "run" else "'vllm-qwen2'"
+    assert line.startswith(f"hacpo-train: error: recipe key 'use_vllm': agent(s) {agents} generate with vLLM")
+    assert "make install-vllm" in line and not built

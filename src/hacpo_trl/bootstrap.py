@@ -23,10 +23,22 @@ def task_datasets(script_args: HACPOScriptArguments):
         if script_args.eval_split not in splits:
             raise RecipeError(f"task {script_args.task!r} has no {script_args.eval_split!r} split")
         return splits["train"], splits[script_args.eval_split]
+    held_out = script_args.dataset_test_split
     if script_args.task == "math":
-        return math_dataset(script_args.dataset_name or "DigitalLearningGmbH/MATH-lighteval"), None
-    data = load_any_dataset(script_args.dataset_name, script_args.dataset_config, script_args.dataset_train_split)
-    return data, None
+        name = script_args.dataset_name or "DigitalLearningGmbH/MATH-lighteval"
+        return math_dataset(name), (
+            math_dataset(held_out if _is_file(held_out) else name, held_out) if held_out else None
+        )
+    name, config = script_args.dataset_name, script_args.dataset_config
+    data = load_any_dataset(name, config, script_args.dataset_train_split)
+    if held_out is None:
+        return data, None
+    return data, load_any_dataset(held_out) if _is_file(held_out) else load_any_dataset(name, config, held_out)
+
+
+def _is_file(split: str | None) -> bool:
+    """Whether `dataset_test_split` names a local data file rather than a split of `dataset_name`."""
+    return isinstance(split, str) and split.endswith((".json", ".jsonl", ".csv", ".parquet"))
 
 
 def place(recipe: dict, world: int, resolved=None) -> str | None:

@@ -403,9 +403,9 @@ TASK_RECORD = "hacpo_task.json"  # written next to each saved agent by `hacpo-tr
 
 
 def eval_length(task: str, max_completion_length: int) -> int:
-    """Generation length of held-out evaluation: worked solutions get the full completion length, short answers at
-    most 16 tokens (training's own evaluation and `hacpo-eval` alike)."""
-    return max_completion_length if task.startswith("arithmetic_trace") else min(16, max_completion_length)
+    """Generation length of held-out evaluation: the built-in short-answer task at most 16 tokens, every other task
+    the full completion length (training's own evaluation and `hacpo-eval` alike)."""
+    return min(16, max_completion_length) if task == "arithmetic" else max_completion_length
 
 
 def builtin_eval(task: str, max_completion_length: int | None = None, split: str = "test"):

@@ -519,13 +519,13 @@ def _report(trainer, everyone: list[dict], records, probe_args) -> dict:
 def _launch(argv: list[str]) -> int:
     """Run bare: start the launch training would use, one process per agent process of the recipe."""
     from .placement import free_port, process_counts
-    from .recipe import RecipeError, check_recipe, config_path
+    from .recipe import RecipeError, check_installed, check_recipe, config_path
 
     path = config_path(argv)
     if path is None:
         raise RecipeError("hacpo-probe needs --config RECIPE")
     recipe = _effective_recipe(path, argv)
-    check_recipe(recipe)
+    check_installed(check_recipe(recipe))
     counts = process_counts(recipe) or [1]
     if len(counts) < 2:
         raise RecipeError("hacpo-probe needs a recipe with at least two agents: it measures what they share")

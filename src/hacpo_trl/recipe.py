@@ -38,6 +38,7 @@ from .resolve import DEFAULT_OUTPUT_DIR, ResolvedRecipe, check_overrides, resolv
 __all__ = [
     "HACPOScriptArguments",
     "RecipeError",
+    "check_installed",
     "check_output_dir",
     "check_recipe",
     "cli_overrides",
@@ -70,9 +71,12 @@ class HACPOScriptArguments:
         dataset_name: dataset id or local path for ``"math"`` / ``"dataset"``.
         dataset_config: dataset configuration name.
         dataset_train_split: split to train on.
+        dataset_test_split: for ``"dataset"`` and ``"math"``, the held-out rows evaluated before and after training:
+            a split of ``dataset_name`` or a local data file (TRL's name for it); without it such a run has no
+            held-out evaluation, and says so.
         reward_funcs: reward names from `hacpo_trl.rewards.REWARD_FUNCS` or import paths; without it, the task's own
             reward (`hacpo_trl.rewards.TASK_REWARDS`; ``dataset`` has none and must name one).
-        eval_samples: held-out problems evaluated before and after training (built-in tasks only; 0 = skip).
+        eval_samples: held-out problems evaluated before and after training (0 = skip).
         eval_split: ``"test"`` (held out) or ``"validation"`` (built-in ``arithmetic_trace`` only: carved from the RL
             side, for choosing settings without looking at the held-out split).
         eval_every: also evaluate every N optimizer steps, for learning curves in the summary (0 = off).
@@ -91,6 +95,13 @@ class HACPOScriptArguments:
     dataset_name: str | None = field(default=None, metadata={"help": "Dataset id or path."})
     dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration."})
     dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
+    dataset_test_split: str | None = field(
+        default=None,
+        metadata={
+            "help": "'dataset' / 'math': held-out rows, evaluated before and after training with the run's reward: a "
+            "split of dataset_name, or a local .json/.jsonl/.csv/.parquet file (None: no held-out evaluation)."
+        },
+    )
     reward_funcs: list[str] | None = field(
         default=None,
         metadata={
@@ -254,6 +265,24 @@ def check_recipe(
     except ValueError as exc:
         raise RecipeError(f"recipe key 'resume_from_checkpoint': {exc}") from None
     return resolved
+
+
+def check_installed(resolved: ResolvedRecipe) -> None:
+    """Refuse, before any agent is built, a run that needs a package this environment lacks: vLLM for an agent with
+    `use_vllm` (the run's or its own override). `--plan` does not call it: a plan for GPUs is made anywhere."""
+    import importlib.util
+
+    wanting = [a.name for a in resolved.agents if _true(a.get("use_vllm"))]
+    if wanting and importlib.util.find_spec("vllm") is None:
+        raise RecipeError(
+            f"recipe key 'use_vllm': agent(s) {', '.join(map(repr, wanting))} generate with vLLM, which is not "
+            "installed in this environment: `make install-vllm` then its venv (.venv-vllm) on the CPU, `pip install "
+            "-e '.[vllm]'` on GPUs, or set `use_vllm: false`"
+        )
+
+
+def _true(value) -> bool:
+    return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "1", "yes"))
 
 
 def config_path(argv: list[str]) -> str | None:

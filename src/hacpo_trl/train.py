@@ -10,6 +10,7 @@ TRL's own scripts. A recipe is checked before any model loads; a bad one stops e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -22,6 +23,7 @@ from .presets import PRESET_SETTINGS, SHARING_PRESETS, describe_sharing
 from .recipe import (
     HACPOScriptArguments,
     RecipeError,
+    check_installed,
     check_output_dir,
     check_recipe,
     config_path,
@@ -82,7 +84,7 @@ def _write_task_record(config, script_args) -> None:
         "task": script_args.task,
         "dataset_name": script_args.dataset_name,
         "reward_funcs": list(script_args.reward_funcs),
-        "eval_split": script_args.eval_split,
+        "eval_split": script_args.dataset_test_split or script_args.eval_split,
         "eval_samples": script_args.eval_samples,
         "max_completion_length": config.max_completion_length,
         "chat_template_kwargs": config.chat_template_kwargs,
@@ -223,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             check_output_dir(effective, resolved)
             said = place(effective, world, resolved)  # before anything imports trl (and maybe CUDA)
             check_recipe(effective, num_processes=launched, checked=resolved)
+            check_installed(resolved)
             if said and os.environ.get("RANK", "0") == "0":
                 print(said, file=sys.stderr, flush=True)
             start = _sharing_line(effective, named="sharing" in written or "--sharing" in argv)
@@ -244,7 +247,25 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(exc)
     if written is not None and os.environ.get("HACPO_GLOBAL_RANK", os.environ.get("RANK", "0")) == "0":
         print(start, file=sys.stderr, flush=True)  # every check passed: the mode this run trains with
-    return _run(script_args, config, reward_funcs)
+    try:
+        return _run(script_args, config, reward_funcs)
+    except StartupError as exc:
+        return refuse(exc)
+
+
+class StartupError(Exception):
+    """An agent could not start (its model, tokenizer or data did not load, its trainer refused its settings): the
+    run ends with the one `hacpo-train: error:` line, not a traceback on every rank."""
+
+
+@contextlib.contextmanager
+def _starting(agent: str):
+    try:
+        yield
+    except (OSError, ImportError, ValueError) as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        named = text if text.startswith(f"agent {agent!r}") else f"agent {agent!r} could not start: {text}"
+        raise StartupError(named) from exc
 
 
 def _sharing_line(recipe: dict, named: bool) -> str:
@@ -256,16 +277,38 @@ def _sharing_line(recipe: dict, named: bool) -> str:
     return line
 
 
+def _start(spec, script_args, config, reward_funcs, agent_rank: int, global_rank: int):
+    """This agent's trainer and held-out rows: its model resolved (a built-in one built by the agent's rank 0 while
+    the others wait), the task's data loaded, and `HACPOTrainer` built."""
+    import torch
+
+    from .builtin import resolve_model
+    from .trainer import HACPOTrainer
+
+    if spec.model_name_or_path.startswith("builtin:"):
+        if agent_rank == 0:
+            resolve_model(spec.model_name_or_path)  # one process per agent builds it
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()  # this agent's world only
+    model_path = resolve_model(spec.model_name_or_path)
+    train, test = task_datasets(script_args)
+    if test is None and script_args.eval_samples > 0 and global_rank == 0:
+        print(
+            f"hacpo: task {script_args.task!r} has no held-out rows, so no accuracy before and after training is "
+            "reported; set `dataset_test_split` (a split of dataset_name, or a .jsonl file of held-out rows)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return HACPOTrainer(model=model_path, reward_funcs=reward_funcs, args=config, train_dataset=train), test
+
+
 def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
     """One run of every agent. ``shutdown=False`` keeps the agent worlds up for another run of the same agents in
     the same launch (the benchmark runs many seeds and methods per launch)."""
-    import torch
     from transformers import TrainerCallback
 
-    from .builtin import resolve_model
     from .progress import install, quiet_replica
     from .topology import current_topology
-    from .trainer import HACPOTrainer
 
     def trainer_rank() -> int:
         return current_topology().agent_rank
@@ -275,14 +318,8 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
     if global_rank != 0:
         quiet_replica()
     spec = config.agent_spec
-    if spec.model_name_or_path.startswith("builtin:"):
-        if trainer_rank() == 0:
-            resolve_model(spec.model_name_or_path)  # one process per agent builds it
-        if torch.distributed.is_initialized():
-            torch.distributed.barrier()  # this agent's world only
-    model_path = resolve_model(spec.model_name_or_path)
-    train, test = task_datasets(script_args)
-    trainer = HACPOTrainer(model=model_path, reward_funcs=reward_funcs, args=config, train_dataset=train)
+    with _starting(spec.name):
+        trainer, test = _start(spec, script_args, config, reward_funcs, trainer_rank(), global_rank)
     before, before_by_half = _evaluate(trainer, test, script_args, by_half=True, when="before training")
     curve = [] if before is None else [(0, before)]
     if before is not None:
