@@ -171,6 +171,13 @@ def test_the_recommended_preset_trains_with_vllm_through_the_recipe(tmp_path):
     args = ["--config", recipe, "--output_dir", str(out), "--max_steps", "8", "--eval_samples", "20"]
     proc = accelerate_launch(2, "-m", "hacpo_trl.train", *args, *_makefile_flags("PRESET_ARGS"), timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
+    # one console for the launch: start-up said, each engine warning once, every agent's numbers after the bar
+    assert proc.stderr.count("hacpo: loading the agents and starting each one's vLLM engine") == 1
+    for warning in ("Triton is installed", "NUMA binding", "torch.distributed.reduce_op"):
+        assert proc.stderr.count(warning) <= 1, (warning, proc.stderr[-3000:])
+    lines = proc.stdout.splitlines()
+    assert [line.split("]")[0] for line in lines if "before training:" in line] == ["[vllm-llama", "[vllm-qwen2"]
+    assert not any("after training" in line for line in lines)  # the summary gives both agents' numbers
     for agent in AGENTS:
         history = json.loads((out / agent / "log_history.json").read_text())
         gaps = [(h["step"], h["sampling/sampling_logp_difference/max"]) for h in _generation_steps(history)]

@@ -54,6 +54,15 @@ def place(recipe: dict, world: int, resolved=None) -> str | None:
     return set_cuda_allocator(recipe)
 
 
+def quiet_vllm() -> None:
+    """A process other than global rank 0: vLLM's warnings are the same on every process, so only rank 0 shows them.
+    Before vLLM is imported: it logs on import through Python's default handler, then by ``VLLM_LOGGING_LEVEL``."""
+    import logging
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+
+
 def filter_library_warnings(recipe: dict, argv: list[str]) -> None:
     """Hide library warnings a user of this script cannot act on (each one says why)."""
     import warnings
@@ -62,6 +71,8 @@ def filter_library_warnings(recipe: dict, argv: list[str]) -> None:
     # generation, which transformers 5 deprecates (activation_checkpointing_*); only a TRL release fixes it.
     for name in ("is_gradient_checkpointing", "gradient_checkpointing_enable", "gradient_checkpointing_disable"):
         warnings.filterwarnings("ignore", message=rf"`{name}` is deprecated", category=FutureWarning)
+    # vLLM 0.31's kernel dispatcher reads torch's deprecated alias on import; only a vLLM release fixes it
+    warnings.filterwarnings("ignore", message=r"`torch.distributed.reduce_op` is deprecated", category=FutureWarning)
     if "gradient_checkpointing" not in recipe and not any(a.startswith("--gradient_checkpointing") for a in argv):
         # GRPOConfig's own default sets the deprecated `gradient_checkpointing` field (to True) when the user set
         # neither name; a user who wrote `gradient_checkpointing` still sees the warning telling them the new name.

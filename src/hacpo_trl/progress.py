@@ -86,6 +86,9 @@ def quiet_replica() -> None:
     import datasets
     import transformers
 
+    from .bootstrap import quiet_vllm
+
+    quiet_vllm()
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     datasets.utils.logging.set_verbosity_error()

@@ -72,7 +72,7 @@ class AgentSpec:
         output_dir: where this agent's checkpoints and final model go; defaults to ``<run output_dir>/<name>``.
         hub_model_id: Hub repository of this agent (with ``push_to_hub``).
         model_init_kwargs: kwargs for ``from_pretrained`` of this agent's model (e.g. ``{"dtype": "bfloat16"}``).
-        vllm_server_base_url: with ``vllm_mode: server``, this agent's own ``trl vllm-serve`` (e.g.
+        vllm_server_base_url: with ``vllm_mode: server``, this agent's own vLLM server (e.g.
             ``"http://localhost:8001"``); defaults to the run's ``vllm_server_base_url`` / host and port.
         vllm_group_port: with ``vllm_mode: server``, the port this agent's rank 0 opens for the weight-sync group
             with its server; defaults to the run's ``vllm_group_port`` (51216). Two agents may share neither a

@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from .bootstrap import filter_library_warnings, parse_args, place, refuse, task_datasets
+from .bootstrap import filter_library_warnings, parse_args, place, quiet_vllm, refuse, task_datasets
 from .plan import DEVICE_GIB  # what --plan assumes of an 80 GB card, quoted in --help
 from .presets import PRESET_SETTINGS, SHARING_PRESETS, describe_sharing
 
@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = numbers_as_values(argv)
     try:
         path, written = config_path(argv), None
+        if os.environ.get("RANK", "0") != "0":  # one console for the launch: vLLM logs from global rank 0 only
+            quiet_vllm()
         if path is not None:  # the recipe read once, the flags over it: what every check and the placement see
             world = int(os.environ.get("WORLD_SIZE", "1") or 1)
             launched = world if "RANK" in os.environ else None
@@ -285,6 +287,13 @@ def _start(spec, script_args, config, reward_funcs, agent_rank: int, global_rank
     from .builtin import resolve_model
     from .trainer import HACPOTrainer
 
+    if global_rank == 0 and config.use_vllm:
+        print(
+            f"hacpo: loading the agents and starting each one's vLLM engine ({config.vllm_mode} mode); on vLLM's "
+            "CPU build this takes a minute or more before the first step",
+            file=sys.stderr,
+            flush=True,
+        )
     if spec.model_name_or_path.startswith("builtin:"):
         if agent_rank == 0:
             resolve_model(spec.model_name_or_path)  # one process per agent builds it
@@ -322,8 +331,14 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
         trainer, test = _start(spec, script_args, config, reward_funcs, trainer_rank(), global_rank)
     before, before_by_half = _evaluate(trainer, test, script_args, by_half=True, when="before training")
     curve = [] if before is None else [(0, before)]
-    if before is not None:
-        print(f"[{trainer.agent}] held-out accuracy before training: {before:.3f}", flush=True)
+    # every agent's number on global rank 0's console, before its one progress bar starts
+    starts = trainer.exchange.all_gather((trainer.agent, before), what="held-out accuracy before training")
+    if global_rank == 0:
+        shown = set()
+        for agent, value in starts:  # in launch order; an agent's rank 0 holds its number
+            if value is not None and agent not in shown:
+                shown.add(agent)
+                print(f"[{agent}] held-out accuracy before training: {value:.3f}", flush=True)
 
     class LearningCurve(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
@@ -338,9 +353,8 @@ def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     trainer.save_model()
     after, after_by_half = _evaluate(trainer, test, script_args, by_half=True, when="after training")
-    if after is not None:
+    if after is not None:  # printed with every agent's in the summary below, once the progress bar is closed
         curve.append((trainer.state.global_step, after))
-        print(f"[{trainer.agent}] held-out accuracy after training:  {after:.3f}", flush=True)
 
     is_agent_main = trainer.accelerator.process_index == 0
     # the run's record, next to the agent

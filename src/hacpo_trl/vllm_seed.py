@@ -10,6 +10,10 @@ data, stays shared. Server mode takes its seed from each server's command line (
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+
 __all__ = ["engine_seed_offset", "use_agent_engine_seeds", "wrap_engine"]
 
 
@@ -38,11 +42,31 @@ def wrap_engine(name: str, update) -> None:
         def llm(*args, **kwargs):
             for step in updates.values():
                 kwargs = step(kwargs)
-            return original(*args, **kwargs)
+            with _quiet_unless_first():
+                return original(*args, **kwargs)
 
         llm._hacpo_updates = updates
         vllm_generation.LLM = llm
     updates[name] = update
+
+
+@contextlib.contextmanager
+def _quiet_unless_first():
+    """Every engine prints the same start-up warnings (some from C++, past Python's logging): only global rank 0's
+    reach the console. Another process's stderr goes to /dev/null while its engine starts; an error it raises is
+    still reported after, with stderr restored."""
+    if os.environ.get("HACPO_GLOBAL_RANK", "0") == "0":
+        yield
+        return
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def _agent_seed(kwargs: dict) -> dict:
