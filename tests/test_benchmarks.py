@@ -326,15 +326,15 @@ def test_two_looks_corrects_each_look_by_hand(tmp_path):
         main(files)
 
 
-def test_heldout_look_judges_rule_17s_bars_by_hand(tmp_path):
-    """`heldout_look.py`: by hand, with every stronger, complement and equal agent at its bar's edge: two stronger
-    agents above 0 meet the first bar and one does not; a complement agent at 0 misses the second; a lower end of
-    -0.021 (or a mean below 0) misses the third, -0.020 meets it; the moonshot needs every agent of the five pairs
-    above 0. Reports of one pair on other seeds pool (a second look); a seed in two reports is refused."""
+def test_heldout_look_judges_rule_19s_bars_by_hand_and_refuses_a_baseline_that_does_not_learn(tmp_path):
+    """`heldout_look.py`, by hand: an upper end below 0 is "below GSPO" (0 is not); the weaker agents of state, size
+    and model must all be above 0, the stronger of two of them, both complement agents; a table where GSPO − before
+    has a lower end at or below 0 for any agent is refused, naming it. Reports of one pair on other seeds pool; a
+    seed in two reports is refused; the intervals are t-intervals at 95% by hand."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from heldout_look import NOISE, judge, main, paired_gains
+    from heldout_look import judge, main, paired_gains
 
-    above, edge = (0.02, 0.001, 0.04), (0.0, NOISE, 0.02)
+    above, edge = (0.02, 0.001, 0.04), (-0.01, -0.03, 0.0)
     gains = {("state", "trace-instruct"): above, ("state", "trace-base"): above,
              ("size", "trace-large"): above, ("size", "trace-small"): above,
              ("model", "trace-qwen2"): edge, ("model", "trace-llama"): above,
@@ -342,30 +342,35 @@ def test_heldout_look_judges_rule_17s_bars_by_hand(tmp_path):
              ("complement", "trace-carry"): above, ("complement", "trace-nocarry"): above,
              ("equal", "trace-instruct"): edge, ("equal", "trace-qwen2"): edge}  # fmt: skip
     bars = list(judge(gains))
-    assert list(judge(gains).values()) == [True, True, True, False]
-    assert judge({**gains, ("size", "trace-large"): edge})[bars[0]] is False  # one stronger agent above 0
-    assert judge({**gains, ("complement", "trace-carry"): edge})[bars[1]] is False
-    assert judge({**gains, ("equal", "trace-qwen2"): (0.0, -0.021, 0.02)})[bars[2]] is False
-    assert judge({**gains, ("equal", "trace-qwen2"): (-0.001, 0.0, 0.02)})[bars[2]] is False
-    assert judge({k: above for k in gains})[bars[3]] is True
+    assert list(judge(gains).values()) == [True, True, True, True]
+    assert judge({**gains, ("equal", "trace-qwen2"): (-0.02, -0.04, -0.001)})[bars[0]] is False
+    assert judge({**gains, ("model", "trace-llama"): edge})[bars[1]] is False
+    assert judge({**gains, ("size", "trace-large"): edge})[bars[2]] is False  # one stronger agent above 0
+    assert judge({**gains, ("complement", "trace-carry"): edge})[bars[3]] is False
 
-    def report(path, seeds, diffs):
-        gspo = [0.5] * len(seeds)
+    def report(path, seeds, diffs, learned=(0.1, 0.12, 0.11, 0.13)):
+        gspo = [0.5 + x for x in learned[: len(seeds)]]
         acc = {"a": {"GSPO": gspo, "M": [g + d for g, d in zip(gspo, diffs, strict=True)]}}
-        entry = {"agents": ["a"], "seeds": seeds, "accuracy": acc}
+        entry = {"agents": ["a"], "seeds": seeds, "accuracy": acc, "accuracy_before": {"a": 0.5}}
         path.write_text(json.dumps({"seeds": seeds, "settings": {"complement": entry}}))
         return json.loads(path.read_text())
 
     first = report(tmp_path / "a.json", [0, 1], [0.03, 0.04])
-    second = report(tmp_path / "b.json", [2, 3], [0.05, 0.06])
-    diffs, seeds = paired_gains([first, second], "M")
+    second = report(tmp_path / "b.json", [2, 3], [0.05, 0.06], learned=(0.11, 0.13))
+    diffs, learned, seeds = paired_gains([first, second], "M")
     assert diffs["complement", "a"] == pytest.approx([0.03, 0.04, 0.05, 0.06]) and seeds["complement"] == [0, 1, 2, 3]
+    assert learned["complement", "a"] == pytest.approx([0.1, 0.12, 0.11, 0.13])
     out = tmp_path / "RESULTS.md"
     runs = ["--runs", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--method", "M", "--results", str(out)]
     assert main(runs) == 0
-    half = 4.177 * statistics.stdev([3, 4, 5, 6]) / 2 / 100  # t(3, 0.9875)
+    half = 3.182 * statistics.stdev([3, 4, 5, 6]) / 2 / 100  # t(3, 0.975)
     row = next(r for r in out.read_text().splitlines() if r.startswith("| complement"))
-    assert "| 0–3 | +0.045 |" in row and f"[{0.045 - half:+.3f}, {0.045 + half:+.3f}] | yes | yes |" in row, row
+    assert (
+        "| 0–3 | 0.500 | +0.115 [" in row and f"+0.045 [{0.045 - half:+.3f}, {0.045 + half:+.3f}] | yes | no |" in row
+    )
+    report(tmp_path / "b.json", [2, 3], [0.05, 0.06], learned=(-0.3, 0.0))  # GSPO flat on seeds 2-3: refused
+    with pytest.raises(SystemExit, match=r"GSPO does not improve complement:a \(-0\.020 \[.*change the pair's steps"):
+        main(runs)
     report(tmp_path / "b.json", [1, 2], [0.05, 0.07])
     with pytest.raises(SystemExit, match=r"complement: seeds \[1\] in two reports"):
         main(runs)
