@@ -62,7 +62,7 @@ docs:
 	$(PYTHON) docs/make_options.py
 
 # Table 1 and the ablations in miniature on CPU: 4 pairs (state, size, model, style) x the grid's methods x 8 seeds plus ablations
-# -> benchmarks/RESULTS.md, results.json, learning_curves.png (`python benchmarks/reproduce.py --quick`: minutes)
+# -> benchmarks/screens/test-12steps/ (RESULTS.md, results.json, learning_curves.png; `python benchmarks/reproduce.py --quick`: minutes)
 reproduce: $(VENV)/.installed
 	$(BIN)/python benchmarks/reproduce.py
 

@@ -1,9 +1,12 @@
-"""Shared by the benchmark scripts: a free port for each launch, updating one section of RESULTS.md, and paths as
-they are recorded (relative to the repository root, so that a record reads the same in every checkout)."""
+"""Shared by the benchmark scripts: a free port for each launch, updating one section of RESULTS.md, paths as they
+are recorded (relative to the repository root, so that a record reads the same in every checkout), and Student's
+t-interval of a mean."""
 
 from __future__ import annotations
 
+import math
 import os
+import statistics
 from pathlib import Path
 
 from hacpo_trl.placement import free_port  # noqa: F401  (the scripts' launches)
@@ -56,3 +59,32 @@ def provenance(script: str, argv: list[str], elapsed_seconds: float) -> str:
         f"Command: `{command(script, argv)}`. Machine: {platform.machine()}, {os.cpu_count()} cores, CPU only, "
         f"{platform.python_implementation()} {platform.python_version()}. Wall time: {elapsed_seconds / 60:.1f} min."
     )
+
+
+def t_quantile(p: float, dof: int) -> float:
+    """Student's t quantile (p in (0.5, 1)) by bisection on its CDF, integrated with Simpson's rule from 0."""
+
+    def density(x: float) -> float:
+        log_c = math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2) - 0.5 * math.log(dof * math.pi)
+        return math.exp(log_c - (dof + 1) / 2 * math.log1p(x * x / dof))
+
+    def cdf(x: float, n: int = 2000) -> float:
+        h = x / n
+        odd = sum(density((2 * k - 1) * h) for k in range(1, n // 2 + 1))
+        even = sum(density(2 * k * h) for k in range(1, n // 2))
+        return 0.5 + h / 3 * (density(0.0) + 4 * odd + 2 * even + density(x))
+
+    if not 0.5 < p < 1 or dof < 1:
+        raise ValueError(f"t_quantile needs 0.5 < p < 1 and dof >= 1, got p={p}, dof={dof}")
+    low, high = 0.0, 1000.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < p else (low, mid)
+    return (low + high) / 2
+
+
+def interval(diffs: list[float], level: float) -> tuple[float, float, float]:
+    """Mean and two-sided t-interval at ``level``."""
+    mean = statistics.mean(diffs)
+    half = t_quantile(1 - (1 - level) / 2, len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return mean, mean - half, mean + half

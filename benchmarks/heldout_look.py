@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import provenance, resolved, write_section  # noqa: E402
+from _common import interval, provenance, resolved, write_section  # noqa: E402
 from reproduce import RECOMMENDED, STRONGER  # noqa: E402
-from two_looks import interval  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = ("state", "size", "model", "style", "complement", "equal")
 Interval = tuple[float, float, float]  # mean, lower, upper
+NAMES = {RECOMMENDED: "The recommended preset", "HACPO": "The paper's rule (`HACPO`)"}
 
 
 def paired_gains(
@@ -83,7 +83,7 @@ def _role(pair: str, agent: str) -> str:
     return ""
 
 
-def lines_for(reports: list[dict], method: str, level: float) -> list[str]:
+def lines_for(reports: list[dict], method: str, level: float, bars: bool = True) -> list[str]:
     diffs, learned, seeds = paired_gains(reports, method)
     if not diffs:
         raise SystemExit(f"no report holds the method {method!r}")
@@ -92,13 +92,14 @@ def lines_for(reports: list[dict], method: str, level: float) -> list[str]:
     check_regime(baseline)
     before = {(p, a): e["accuracy_before"][a] for r in reports for p, e in r["settings"].items() for a in e["agents"]}
     order = sorted(diffs, key=lambda k: (PAIRS.index(k[0]) if k[0] in PAIRS else len(PAIRS), _role(*k) != "stronger"))
+    label = "preset" if method == RECOMMENDED else method
     out = [
-        "## The recommended preset on held-out (`benchmarks/heldout_look.py`)",
+        f"## {NAMES.get(method, f'`{method}`')} on held-out (`benchmarks/heldout_look.py`)",
         "",
         f"Greedy accuracy on the 500 `test` problems from the committed agents; per agent, paired by seed, the mean "
         f"and its {level:.0%} interval of GSPO − before and of `{method}` − GSPO.",
         "",
-        "| pair | agent | seeds | before | GSPO − before | preset − GSPO | above GSPO | below GSPO |",
+        f"| pair | agent | seeds | before | GSPO − before | {label} − GSPO | above GSPO | below GSPO |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for pair, agent in order:
@@ -111,6 +112,8 @@ def lines_for(reports: list[dict], method: str, level: float) -> list[str]:
             f"| {pair} | {shown} | {span} | {before[pair, agent]:.3f} | {g_mean:+.3f} [{g_low:+.3f}, {g_high:+.3f}] "
             f"| {mean:+.3f} [{low:+.3f}, {high:+.3f}] | {'yes' if low > 0 else 'no'} | {'yes' if high < 0 else 'no'} |"
         )
+    if not bars:
+        return out + ["", f"{len(order)} intervals, none corrected for their number; no bar is judged on this table."]
     out += [
         "",
         f"Bars (rule 19, declared before its runs; {len(order)} intervals, none corrected for their number):",
@@ -157,10 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="heldout_look", help="the section of --results written")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS.md")
     parser.add_argument("--figure", type=Path, default=None, help="also draw the table as a PNG here")
+    parser.add_argument("--no_bars", action="store_true", help="a description: judge no bar (another method)")
     args = parser.parse_args(argv)
     start = time.time()
     reports = [json.loads(resolved(str(path)).read_text()) for path in args.runs]
-    lines = lines_for(reports, args.method, args.level)
+    lines = lines_for(reports, args.method, args.level, bars=not args.no_bars)
     lines += ["", provenance("heldout_look.py", argv if argv is not None else sys.argv[1:], time.time() - start)]
     write_section(args.results, args.name, lines)
     if args.figure is not None:

@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         "- **Exchange.** Gloo over loopback moves a few KiB of text per batch; across GPU nodes it is still text (not "
         "tensors), so it stays small, but network latency replaces loopback.",
         "- **Padding.** The trace completions are at most 40 tokens, so trimming barely matters here; with 4k-token "
-        "long-tailed traces the padded forwards cost ~2-3× (`benchmarks/padding.py`).",
+        "long-tailed traces the padded forwards cost ~2-3× (`benchmarks/studies/padding/padding.py`).",
         "- **Contention.** Two agents share 2 cores with other jobs; on GPU every agent has its own devices.",
         "",
     ]

@@ -2,7 +2,7 @@
 heterogeneity, and style: traces written differently, as by a Base and an Instruct model) on the reasoning-trace
 task, with the paper's update schedule, paired by seed.
 
-    python benchmarks/reproduce.py            # the held-out grid (long: resumable, run it in parts, see RESULTS.md)
+    python benchmarks/reproduce.py            # the held-out grid (long: resumable, run it in parts, studies/grid)
     python benchmarks/reproduce.py --quick    # 2 seeds, fewer steps, the main methods (a few minutes)
     python benchmarks/reproduce.py --split validation --methods GSPO   # choosing settings: seeds 100-107 by default
 
@@ -558,8 +558,8 @@ def main(argv: list[str] | None = None) -> int:
         "--results",
         type=Path,
         default=None,
-        help="default: benchmarks/RESULTS.md for the held-out `test` split; a screen on another split writes to "
-        "benchmarks/screens/<split>-<steps>steps[-lrX]/RESULTS.md, so it never overwrites the held-out results",
+        help="default: benchmarks/screens/<split>-<steps>steps[-lrX]/RESULTS.md (results.json and the curves beside it); "
+        "the curated page benchmarks/RESULTS.md is written by heldout_look.py",
     )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not _cuda_available():
@@ -582,8 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     lr = "" if args.learning_rate is None else f"-lr{args.learning_rate:g}"
     args.out = args.out or ROOT / "benchmarks" / "runs" / f"{args.split}-{args.steps}steps{lr}"
     if args.results is None:
-        screen = ROOT / "benchmarks" / "screens" / f"{args.split}-{args.steps}steps{lr}"
-        args.results = ROOT / "benchmarks" / "RESULTS.md" if args.split == "test" else screen / "RESULTS.md"
+        args.results = ROOT / "benchmarks" / "screens" / f"{args.split}-{args.steps}steps{lr}" / "RESULTS.md"
     args.results.parent.mkdir(parents=True, exist_ok=True)
     if args.remedy is not None:
         REMEDY.clear()

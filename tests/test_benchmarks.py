@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# the benchmark's scripts, and each study's (benchmarks/studies/<study>/), import as top-level modules
+for _folder in [ROOT / "benchmarks", *sorted(p for p in (ROOT / "benchmarks" / "studies").iterdir() if p.is_dir())]:
+    sys.path.insert(0, str(_folder))
 pytestmark = pytest.mark.timeout(900)
 
 
@@ -89,11 +92,11 @@ def test_commands_are_recorded_with_paths_relative_to_the_repository(tmp_path):
     import _common
 
     argv = ["--out", str(ROOT / "benchmarks" / "runs" / "x"), f"--results={ROOT / 'benchmarks' / 'RESULTS.md'}",
-            "--methods", "HACPO correct + gate 1.0", "--steps", "48", "--grid", "benchmarks/results.json",
+            "--methods", "HACPO correct + gate 1.0", "--steps", "48", "--grid", "benchmarks/studies/grid/results.json",
             "--elsewhere", str(tmp_path / "runs")]  # fmt: skip
     assert _common.command("reproduce.py", argv) == (
         "python benchmarks/reproduce.py --out benchmarks/runs/x --results=benchmarks/RESULTS.md --methods HACPO correct "
-        f"+ gate 1.0 --steps 48 --grid benchmarks/results.json --elsewhere {tmp_path / 'runs'}"
+        f"+ gate 1.0 --steps 48 --grid benchmarks/studies/grid/results.json --elsewhere {tmp_path / 'runs'}"
     )
     assert "--out benchmarks/runs/x " in _common.provenance("reproduce.py", argv, 60.0)
     assert _common.resolved("benchmarks/runs/x") == ROOT / "benchmarks" / "runs" / "x"
@@ -289,8 +292,9 @@ def test_two_looks_corrects_each_look_by_hand(tmp_path):
     1.291, t(3, 0.9875) = 4.177) give the 97.5% interval 2.5 ± 2.696 (not above 0), and 3, 4, 5, 6 give 4.5 ± 2.696
     (above 0), in hundredths; overlapping seeds are refused."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _common import t_quantile
     from reproduce import FORMER_PRESET, T_975
-    from two_looks import main, t_quantile
+    from two_looks import main
 
     for dof, t in T_975.items():
         assert t_quantile(0.975, dof) == pytest.approx(t, abs=1.5e-3)
@@ -561,8 +565,8 @@ def _command(path: Path, name: str) -> list[str]:
 
 
 def test_committed_log_tables_regenerate_from_the_run_records(tmp_path, monkeypatch):
-    """The tables made from the training logs (RESULTS.md's first screens, taught prompts, the preset's open batches
-    at a longer horizon, the three-agent runs) regenerate byte for byte from the run records."""
+    """The tables made from the training logs (RESULTS.md's held-out looks, the grid's summary, taught prompts, the
+    preset's open batches at a longer horizon, the three-agent runs) regenerate byte for byte from the run records."""
     _records_only(monkeypatch)
     import heldout_look
     import preset_horizon
@@ -570,11 +574,16 @@ def test_committed_log_tables_regenerate_from_the_run_records(tmp_path, monkeypa
     import taught_prompts
     import three_agents
 
-    report = json.loads((ROOT / "benchmarks" / "results.json").read_text())
-    assert summary.lines_for(report) == _section(ROOT / "benchmarks" / "RESULTS.md", "summary")
+    grid = ROOT / "benchmarks" / "studies" / "grid"
+    report = json.loads((grid / "results.json").read_text())
+    assert summary.lines_for(report) == _section(grid / "RESULTS.md", "summary")
     page = ROOT / "benchmarks" / "RESULTS.md"
-    heldout_look.main([*_command(page, "heldout_look"), "--results", str(tmp_path / "look.md")])
-    assert _section(tmp_path / "look.md", "heldout_look") == _section(page, "heldout_look")
+    for name in ("heldout_look", "paper_rule"):  # the figure is left as committed (--figure dropped)
+        argv = _command(page, name)
+        if "--figure" in argv:
+            del argv[argv.index("--figure") : argv.index("--figure") + 2]
+        heldout_look.main([*argv, "--results", str(tmp_path / "look.md")])
+        assert _section(tmp_path / "look.md", name) == _section(page, name), name
     pages = [ROOT / name for name in _committed("benchmarks/*RESULTS.md")]
     taught = [page for page in pages if "<!-- taught_prompts -->" in page.read_text()]
     assert len(taught) == 6
@@ -586,7 +595,7 @@ def test_committed_log_tables_regenerate_from_the_run_records(tmp_path, monkeypa
     horizon = ROOT / "benchmarks" / "screens" / "validation-96steps-b3" / "RESULTS.md"
     preset_horizon.main(["--results", str(tmp_path / "horizon.md")])
     assert _section(tmp_path / "horizon.md", "preset_horizon") == _section(horizon, "preset_horizon")
-    three = ROOT / "benchmarks" / "three-agents" / "RESULTS.md"
+    three = ROOT / "benchmarks" / "studies" / "three-agents" / "RESULTS.md"
     rows = three_agents.rows(ROOT / "benchmarks" / "runs" / "test-48steps-b3", list(range(8)), 48)
     assert len(rows) == 3 and all(row in _section(three, "three_agents") for row in rows)
 
@@ -697,6 +706,8 @@ def test_vllm_pair_learning_table_regenerates_from_the_run_records(monkeypatch):
     results = {}
     for m in args.methods:  # a preset renamed since the runs has none: rerun the script
         runs = {s: rp._runs.record(rp._folder(args.out, PAIR, METHODS[m], s)) for s in args.seeds}
-        assert None not in runs.values(), f"{m} ({METHODS[m]}): rerun python benchmarks/vllm_pair_learning.py"
+        assert None not in runs.values(), (
+            f"{m} ({METHODS[m]}): rerun python benchmarks/studies/vllm-pair/vllm_pair_learning.py"
+        )
         results[METHODS[m]] = {s: run["summary"] for s, run in runs.items()}
     assert [*lines_for(args, results), ""] == _section(page, "vllm_pair_learning")
