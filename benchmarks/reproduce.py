@@ -5,6 +5,8 @@ task, with the paper's update schedule, paired by seed.
     python benchmarks/reproduce.py            # the held-out grid (long: resumable, run it in parts, studies/grid)
     python benchmarks/reproduce.py --quick    # 2 seeds, fewer steps, the main methods (a few minutes)
     python benchmarks/reproduce.py --split validation --methods GSPO   # choosing settings: seeds 100-107 by default
+    python benchmarks/reproduce.py --pairs size --seeds 0 1 --steps 64 --eval_every 16 --ablation_pair= \
+        --methods GSPO recommended --out scratch/size   # one row of RESULTS.md's table, from the committed agents
 
 Finished runs are kept under `--out` (default `benchmarks/runs/<split>-<steps>steps`) and reused, so an interrupted
 or partial grid continues where it stopped: run the same command again, or one `--pairs` / `--methods` at a time.
@@ -113,6 +115,9 @@ SHARING_SETTINGS = {**SHARING_CHANGES, **SCREENED_SHARING}
 PRESET_METHODS = {"recommended": RECOMMENDED, "quarter_weight": QUARTER_PRESET, "failed_prompts": PREVIOUS_PRESET,
                   "confident_gate": FORMER_PRESET, "capped_taught": CAPPED,
                   "capped_almost_failed": CAPPED_ALMOST_FAILED, "capped_mostly_failed": CAPPED_MOSTLY_FAILED}  # fmt: skip
+
+# the public sharing modes (`hacpo_trl`'s presets) by the methods that run them, for `--methods`
+ALIASES = {"recommended": RECOMMENDED, "paper": "HACPO", "none": "GSPO"}
 
 # name -> (recipe overrides, own rollouts per prompt and step, optimizer updates per generation batch)
 # (string values may name "{stronger}", the pair's stronger agent, or "{run}", the run's optimizer steps)
@@ -592,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.methods is None and args.split == "test":
         presets = [m for m in (RECOMMENDED, QUARTER_PRESET, PREVIOUS_PRESET, FORMER_PRESET) if m and m not in GRID]
         args.methods = GRID + presets + list(ABLATIONS)
+    # a public sharing mode's name stands for the method that runs it: `--methods GSPO recommended`
+    args.methods = [ALIASES.get(m, m) for m in args.methods] if args.methods is not None else None
     unknown = [m for m in args.methods or [] if m not in METHODS and m not in ABLATIONS]
     if unknown:
         parser.error(f"unknown methods {unknown}; available: {list(METHODS) + list(ABLATIONS)}")

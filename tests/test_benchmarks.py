@@ -711,3 +711,21 @@ def test_vllm_pair_learning_table_regenerates_from_the_run_records(monkeypatch):
         )
         results[METHODS[m]] = {s: run["summary"] for s, run in runs.items()}
     assert [*lines_for(args, results), ""] == _section(page, "vllm_pair_learning")
+
+
+def test_the_presets_summed_cost_ratio_and_its_bootstrap_interval_by_hand():
+    """`overhead.py --preset`: the summed ratio is every measured batch's seconds, preset over GSPO, over all
+    repetitions (one slow batch weighs by its seconds); the bootstrap interval resamples whole repetitions, so with
+    identical repetitions it is the point itself, and it always holds the point."""
+    import overhead
+
+    def rep(gspo, preset):  # one agent "a", batches of (seconds, taught)
+        return {"GSPO": {"a": [(t, False) for t in gspo]}, overhead.PRESET: {"a": [(t, True) for t in preset]}}
+
+    same = [rep([1.0, 1.0], [1.1, 1.3])] * 4
+    assert overhead.summed_ratio(same) == pytest.approx((1.2, 1.2, 1.2))
+    mixed = [rep([1.0, 1.0], [1.0, 1.0]), rep([1.0, 3.0], [2.0, 6.0])]
+    ratio, low, high = overhead.summed_ratio(mixed, "a")
+    assert ratio == pytest.approx(10.0 / 6.0) and 1.0 <= low <= ratio <= high <= 2.0
+    longer = [rep([1.0, 1.0, 5.0], [1.0, 1.0])]  # batches beyond the shorter run's are left out of both
+    assert overhead.summed_ratio(longer)[0] == pytest.approx(1.0)
