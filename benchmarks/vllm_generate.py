@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--lengths", default="6,48", help="the recipe's max_completion_length, then forced lengths")
     parser.add_argument("--results", default=str(HERE / "RESULTS.md"))
+    parser.add_argument("--raw", default=None, help="its timings (default: vllm_generate.json beside --results)")
+    parser.add_argument("--from_raw", default=None, help="the section from committed timings, nothing run")
     parser.add_argument("--agent", help=argparse.SUPPRESS)  # one agent's process (below)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -121,31 +123,54 @@ def main(argv: list[str] | None = None) -> int:
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", **os.environ}  # fmt: skip
     started, results = time.time(), []
+    sys.path.insert(0, str(HERE))
+    import shlex
     import tempfile
 
-    with tempfile.TemporaryDirectory() as tmp:
-        for agent in AGENTS:
-            out = os.path.join(tmp, f"{agent}.json")
-            cmd = [sys.executable, __file__, "--agent", agent, "--out", out, "--repetitions", str(args.repetitions),
-                   "--lengths", args.lengths]  # fmt: skip
-            subprocess.run(cmd, check=True, env=env)
-            results += json.loads(Path(out).read_text())
-    sys.path.insert(0, str(HERE))
-    from _common import provenance, write_section
+    from _common import command, provenance, resolved, write_section
+
+    raw_path = Path(args.raw) if args.raw else Path(args.results).parent / "vllm_generate.json"
+    if args.from_raw:  # every timing as measured, committed: the section again, nothing run
+        raw = json.loads(resolved(args.from_raw).read_text())
+        results, argv, elapsed, day, loads = (
+            raw["results"],
+            shlex.split(raw["command"])[2:],
+            raw["elapsed"],
+            raw["day"],
+            raw["loads"],
+        )
+        args = argparse.Namespace(**{**vars(parser.parse_args(argv)), "results": args.results})  # write where asked
+    else:
+        loads = [os.getloadavg()[0]]
+        with tempfile.TemporaryDirectory() as tmp:
+            for agent in AGENTS:
+                out = os.path.join(tmp, f"{agent}.json")
+                cmd = [sys.executable, __file__, "--agent", agent, "--out", out, "--repetitions", str(args.repetitions),
+                       "--lengths", args.lengths]  # fmt: skip
+                subprocess.run(cmd, check=True, env=env)
+                results += json.loads(Path(out).read_text())
+                loads.append(os.getloadavg()[0])
+        elapsed, day = time.time() - started, time.strftime("%Y-%m-%d")
+        raw = {"command": command("vllm_generate.py", argv), "elapsed": elapsed, "day": day, "loads": loads,
+               "results": results}  # fmt: skip
+        raw_path.write_text(json.dumps(raw, separators=(",", ":")) + "\n")
 
     torch_threads = "/".join(sorted({str(r["torch_threads"]) for r in results}))
     lines = [
-        f"## vLLM's CPU build against transformers' generate: the vllm pair (`benchmarks/vllm_generate.py`, {time.strftime('%Y-%m-%d')}, CPU)",
+        f"## vLLM's CPU build against transformers' generate: the vllm pair (`benchmarks/vllm_generate.py`, {day}, CPU)",
         "",
         f"One generation batch of `recipes/tiny_vllm.yaml` per agent ({PROMPTS} prompts x {GENERATIONS} completions, "
         "temperature 1), each agent in its own process; vLLM eager in float32 as the trainer builds it on the CPU, "
         f"`generate` on the whole batch in one call; {args.repetitions} repetitions, the methods alternating, after "
         f"one warm-up call each. Torch kept its {torch_threads} threads beside the engine. It measures this CPU path "
-        "only and predicts nothing about GPU speed.",
+        "only and predicts nothing about GPU speed. Each row gives the median and the range over the repetitions: "
+        f"the cores were shared (1-minute load {min(loads):.1f}–{max(loads):.1f} at the start and after each agent), "
+        "so read a difference only where the ranges do not overlap. Every timing is in "
+        f"`{raw_path.name}` beside this page.",
         "",
         *table(results),
         "",
-        provenance("vllm_generate.py", argv, time.time() - started),
+        provenance("vllm_generate.py", argv, elapsed),
     ]
     write_section(Path(args.results), "vllm_generate", lines)
     print("\n".join(lines))
