@@ -86,6 +86,22 @@ def _seed_flag(script: str, args: tuple[str, ...]) -> list[str]:
     return ["--seed", str(seeded(int(recipe.get("seed", 42))))]
 
 
+def own_spread(summary: dict) -> bool:
+    """Whether, in a tests/scripts/train_agents.py launch, some group of the agent's own completions (one prompt at
+    one training generation batch, over the agent's ranks) had rewards that differ (the summary's `batch_rewards`).
+    Its own rows then had advantages != 0 whatever the baseline (a joint one lies between the group's rewards), so
+    the update over them had a gradient: every trainable weight of a fully fine-tuned agent must have moved. Tests
+    that cannot choose such a spread by construction (`--first_of_group`) assert that much of whatever was sampled."""
+    for batch in summary["batch_rewards"]:
+        groups: dict[str, set[float]] = {}
+        for agent, prompt, reward in batch:
+            if agent == summary["agent"]:
+                groups.setdefault(prompt, set()).add(reward)
+        if any(len(rewards) > 1 for rewards in groups.values()):
+            return True
+    return False
+
+
 def summaries(out: Path) -> list[dict]:
     """The per-process summaries a tests/scripts/train_agents.py launch wrote, in global-rank order."""
     return [json.loads(p.read_text()) for p in sorted(out.glob("summary-*.json"), key=lambda p: int(p.stem[8:]))]

@@ -7,6 +7,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from hacpo_trl import AgentSpec, HACPOConfig, HACPOTrainer
 from hacpo_trl.tiny import char_tokenizer, tiny_llama
+from helpers import seeded
 
 COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False)
 
@@ -124,6 +125,12 @@ def _digit_share(completions, **kwargs):
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
 
+def _first_then_digit_share(completions, **kwargs):
+    """0.6 for the first completion of each group of 2 (scored consecutively) plus 0.4 x its share of digits: the
+    first always scores more than the second (>= 0.6 against <= 0.4), a spread in every group whatever was sampled."""
+    return [0.6 * (i % 2 == 0) + 0.4 * d for i, d in enumerate(_digit_share(completions))]
+
+
 @pytest.mark.parametrize("share_rollouts", [True, False], ids=["hacpo_loss", "trl_loss"])
 @pytest.mark.parametrize("steps_per_generation", [1, 2])
 def test_one_agent_equals_trl_gspo(tmp_path, steps_per_generation, share_rollouts):
@@ -138,7 +145,7 @@ def test_one_agent_equals_trl_gspo(tmp_path, steps_per_generation, share_rollout
         max_steps=6,
         learning_rate=0.2,
         steps_per_generation=steps_per_generation,
-        seed=3,
+        seed=seeded(3),
         logging_steps=1,
         save_strategy="no",
         **COMMON,
@@ -153,7 +160,7 @@ def test_one_agent_equals_trl_gspo(tmp_path, steps_per_generation, share_rollout
     )
     trl_trainer = GRPOTrainer(
         model=tiny_llama(tok, seed=5),
-        reward_funcs=_digit_share,
+        reward_funcs=_first_then_digit_share,
         args=trl_args,
         train_dataset=dataset,
         processing_class=tok,
@@ -163,7 +170,7 @@ def test_one_agent_equals_trl_gspo(tmp_path, steps_per_generation, share_rollout
     hacpo_args = HACPOConfig(output_dir=str(tmp_path / "hacpo"), share_rollouts=share_rollouts, **common)
     hacpo_trainer = HACPOTrainer(
         model=tiny_llama(tok, seed=5),
-        reward_funcs=_digit_share,
+        reward_funcs=_first_then_digit_share,
         args=hacpo_args,
         train_dataset=dataset,
         processing_class=tok,
@@ -177,9 +184,14 @@ def test_one_agent_equals_trl_gspo(tmp_path, steps_per_generation, share_rollout
     ):
         moved += not torch.equal(a, start[name])
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
-    assert moved > 0  # the comparison is between trained models, not two copies of the initial one
-    if steps_per_generation == 2:  # off-policy second updates: TRL's clip really cut some rows
-        assert any(e.get("clip_ratio/region_mean", 0) > 0 for e in trl_trainer.state.log_history)
+    assert moved > 0  # trained models are compared (a reward spread in every group), not two copies of the initial one
+    # the same share of rows cut by the ratio clip at every update (whether the off-policy second updates of
+    # `steps_per_generation: 2` cut any is a draw of the sampling)
+    trl_clipped = [e["clip_ratio/region_mean"] for e in trl_trainer.state.log_history if "clip_ratio/region_mean" in e]
+    hacpo_clipped = [
+        e["clip_ratio/region_mean"] for e in hacpo_trainer.state.log_history if "clip_ratio/region_mean" in e
+    ]
+    assert len(trl_clipped) == 6 and hacpo_clipped == pytest.approx(trl_clipped, abs=1e-6)
     trl_losses = [e["loss"] for e in trl_trainer.state.log_history if "loss" in e]
     hacpo_losses = [e["loss"] for e in hacpo_trainer.state.log_history if "loss" in e]
     assert hacpo_losses == pytest.approx(trl_losses, rel=1e-5, abs=1e-7)

@@ -188,7 +188,7 @@ def test_readme_first_screen_has_the_commands_the_figure_the_preset_and_its_effe
     rows = _heldout_look_rows()
     assert len(rows) == 12
     weaker = {("state", "trace-base"), ("size", "trace-small"), ("model", "trace-llama")}
-    for (pair, agent), (learned, gain) in rows.items():
+    for (pair, agent), (_, gain) in rows.items():
         if (pair, agent) in weaker or pair in ("complement", "equal") or agent == "trace-large":
             assert gain.replace("-", "−") in words or gain in words, (
                 pair,

@@ -12,8 +12,9 @@ from helpers import SCRIPTS, free_port, summaries
 
 pytestmark = [pytest.mark.launch, pytest.mark.multinode, pytest.mark.timeout(900)]
 
+# `--first_of_group`: a reward spread in every group whatever was sampled, so every agent trains at every batch
 AGENTS = ("train_agents.py", "--agents", "llama:3,qwen:1", "--generation_batch", "12", "--save_steps", "2",
-          "--delta", "0.99")  # fmt: skip
+          "--delta", "0.99", "--first_of_group")  # fmt: skip
 
 
 def launch_two_machines(outs, *args, timeout=420):
@@ -66,7 +67,8 @@ def test_an_agent_spanning_two_machines_trains_and_both_agents_save(two_machines
     llama = runs[:3]
     for s in runs:
         assert s["global_step"] == 2 and s["trainable_changed"] == s["trainable"], s["global_rank"]
-        assert all(n > 0 for n in [e["hacpo/peer_rows"] for e in s["log_history"] if "hacpo/peer_rows" in e])
+        # the paper's rule: every completion of the other agent on the agent's 6 prompts (over its ranks), 6 x 2
+        assert [e["hacpo/peer_rows"] for e in s["log_history"] if "hacpo/peer_rows" in e] == [12], s["global_rank"]
     # data-parallel across the machines: llama's three ranks hold the same parameters
     assert llama[0]["param_sum"] == llama[1]["param_sum"] == llama[2]["param_sum"]
     for agent in ("llama0", "qwen1"):

@@ -13,7 +13,7 @@ import yaml
 
 from hacpo_trl.presets import SHARING_PRESETS
 from hacpo_trl.probe import _my_prompts, agent_stats, flags, generation_backend, pair_stats, render
-from helpers import accelerate_launch
+from helpers import accelerate_launch, seeded
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,8 +130,10 @@ def _env():
 def state_pair(tmp_path_factory):
     """The probe on the state pair (4 prompts), then each trainer's own loss on the probe's generation batch."""
     out = tmp_path_factory.mktemp("probe_state")
+    recipe = ROOT / "recipes" / "tiny_state.yaml"
+    seed = seeded(yaml.safe_load(recipe.read_text())["seed"])  # the suite's seed knob (a script: no `--seed` added)
     proc = accelerate_launch(
-        2, "probe_vs_trainer.py", str(out), "--config", str(ROOT / "recipes" / "tiny_state.yaml"), "--prompts", "4",
+        2, "probe_vs_trainer.py", str(out), "--config", str(recipe), "--prompts", "4", "--seed", str(seed),
         "--output", str(out / "probe.json"), timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-6000:]
@@ -141,18 +143,19 @@ def state_pair(tmp_path_factory):
 @pytest.mark.launch
 def test_probe_ratio_is_the_trainers_logged_ratio_for_the_same_row(state_pair):
     """The probe scores each peer row with the trainer's code: the ratio it reports for a fixed completion (the
-    same generation batch) equals the ratio the trainer logs for that row in its first update."""
+    same generation batch) equals the ratio the trainer logs for that row in its first update, whether the row was in
+    the band (the gradient pass) or out of it (left out of that pass; how many are in is a draw of the sampling), and
+    the report's count of rows that would train is the count of those ratios in the band."""
     out, _ = state_pair
     results = [json.loads(p.read_text()) for p in sorted(out.glob("ratios-*.json"))]
     assert sorted(r["agent"] for r in results) == ["trace-base", "trace-instruct"]
-    inside = outside = 0
+    pairs = {p["learner"]: p for p in json.loads((out / "probe.json").read_text())["pairs"]}
     for r in results:
         assert r["lower_bound"] == pytest.approx(0.8)
-        assert len(r["probe"]) == len(r["trainer"]) > 0, r["agent"]
+        # every peer row is valid (no `mask_truncated_completions`): 4 prompts x 8 completions of the other agent
+        assert len(r["probe"]) == len(r["trainer"]) == 32, r["agent"]
         assert r["probe"] == pytest.approx(r["trainer"], rel=1e-5), r["agent"]
-        inside += sum(0.8 <= x <= 1 for x in r["probe"])
-        outside += sum(not 0.8 <= x <= 1 for x in r["probe"])
-    assert inside and outside  # both of the trainer's paths: rows in the gradient pass and rows left out of it
+        assert pairs[r["agent"]]["would_train"] == sum(0.8 <= x <= 1 for x in r["probe"]), r["agent"]
 
 
 @pytest.mark.launch
@@ -251,20 +254,33 @@ def test_probe_help_names_its_own_flags():
 def test_probe_with_the_preset_reports_taught_prompts_for_the_weaker_agent(tmp_path):
     """`sharing: recommended` on the size pair: the probe reads the trainer's decision on its batch, so the weaker
     agent is taught the prompts it solved at most 1 in 8 times and the larger one solved, with the taught rows' ratios against
-    the floor and the band gate's verdict (it once labelled every pair "does not learn from it")."""
+    the floor and the band gate's verdict (it once labelled every pair "does not learn from it"). The rewards are
+    chosen, whatever was sampled: the first completion of each prompt's group of 8 is right, the others wrong, so
+    each agent solved each prompt 1 in 8 times, and each is taught every prompt, by the other's one right row."""
+    (tmp_path / "rewards").mkdir()
+    (tmp_path / "rewards" / "first_of_group.py").write_text(
+        "def first(completions, **kwargs):  # a prompt's group of 8 (the recipe's) is scored consecutively\n"
+        "    return [float(i % 8 == 0) for i in range(len(completions))]\n"
+    )
+    env = _env()
+    env["PYTHONPATH"] = f"{tmp_path / 'rewards'}{os.pathsep}{env['PYTHONPATH']}"
     out = tmp_path / "probe.json"
     cmd = [sys.executable, "-m", "hacpo_trl.probe", "--config", str(ROOT / "recipes" / "tiny_size.yaml"),
-           "--sharing", "recommended", "--prompts", "16", "--output", str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=900)
+           "--sharing", "recommended", "--prompts", "16", "--reward_funcs", "first_of_group:first",
+           "--seed", str(seeded(yaml.safe_load((ROOT / "recipes" / "tiny_size.yaml").read_text())["seed"])),
+           "--output", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(out.read_text())
     assert set(report["sharing"]) == {"trace-large", "trace-small"}
     assert all(s.startswith("sharing: recommended (") for s in report["sharing"].values())
+    assert all(a["accuracy"] == 1 / 8 for a in report["agents"].values()), report["agents"]
     weak = next(p for p in report["pairs"] if p["learner"] == "trace-small")
     taught = weak["taught"]
-    assert weak["learns_from"] and weak["peer_prompts"] == "failed" and taught["prompts"] and taught["floor"] == 0.2
-    assert weak["taught_failed_rate"] == 0.125
-    assert taught["rows"] == weak["rows"] > 0 and 0 <= taught["at_floor"] <= taught["rows"]  # peer rows: taught only
+    assert weak["learns_from"] and weak["peer_prompts"] == "failed" and taught["floor"] == 0.2
+    assert len(taught["prompts"]) == 16 and weak["taught_failed_rate"] == 0.125
+    # peer rows: taught only, trace-large's one right row of each prompt (the preset's `peer_filter: correct`)
+    assert taught["rows"] == weak["rows"] == 16 and 0 <= taught["at_floor"] <= taught["rows"]
     assert weak["band_gate_keeps"] is (taught["at_floor"] > 0)
     which = "failed: solved at most 0.125 of the time"
     assert f"trace-small <- trace-large: {len(taught['prompts'])} of 16 prompts ({which}), {taught['rows']} taught" in (

@@ -9,6 +9,7 @@ from hacpo_trl import HACPOConfig, HACPOTrainer
 from hacpo_trl.evaluate import evaluate_model
 from hacpo_trl.rewards import RewardError, call_reward, guard_reward
 from hacpo_trl.tiny import char_tokenizer, tiny_llama
+from helpers import seeded
 
 COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False, save_strategy="no")
 
@@ -51,7 +52,7 @@ def test_evaluation_calls_a_reward_with_what_training_passes(tmp_path, conversat
     calls: list[dict] = []
     reward = _recording(calls)
     args = HACPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
-                       max_completion_length=4, max_steps=1, seed=0, **COMMON)  # fmt: skip
+                       max_completion_length=4, max_steps=1, seed=seeded(0), **COMMON)  # fmt: skip
     trainer = HACPOTrainer(model=tiny_llama(tok), reward_funcs=reward, args=args, train_dataset=data,
                            processing_class=tok)  # fmt: skip
     trainer.train()
@@ -86,7 +87,11 @@ def test_completion_ids_stop_at_eos_and_decode_to_the_completion():
 
 
 def _wrong_index(completions, answer, **kwargs):
-    return [float(c[0]["content"] == a) for c, a in zip(completions, answer, strict=True)]
+    """Reads every completion as a conversation's message: right for conversational completions, a TypeError for
+    any plain one (an empty string included, which `c[0]` would make an IndexError)."""
+    return [
+        float((c[0] if isinstance(c, list) else c)["content"] == a) for c, a in zip(completions, answer, strict=True)
+    ]
 
 
 def test_a_raising_reward_gets_one_line_naming_it_the_phase_and_its_arguments():

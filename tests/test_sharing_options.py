@@ -13,7 +13,7 @@ from hacpo_trl.exchange import RolloutBatch
 from hacpo_trl.metrics import learns_from_metrics
 from hacpo_trl.peer_rows import build_peer_rows
 from hacpo_trl.sharing import gate_evidence, open_peers, peer_fade_weight, peers_in_band, rescued_prompts
-from helpers import BPE, CAPS, NAN, SELF_IDS, SELF_REWARDS, accelerate_launch, records, settings, summaries
+from helpers import BPE, CAPS, NAN, SELF_IDS, SELF_REWARDS, accelerate_launch, records, seeded, settings, summaries
 
 COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False)
 AGENTS = ["A", "B", "C"]
@@ -398,8 +398,18 @@ def _has_digit(completions, **kwargs):  # the launched agents' reward (tests/scr
     return [1.0 if any(ch.isdigit() for ch in c[0]["content"]) else 0.0 for c in completions]
 
 
+def _first_of_group(completions, **kwargs):  # train_agents.py's `--first_of_group` (groups of 2 completions)
+    return [float(i % 2 == 0) for i in range(len(completions))]
+
+
+# every launch whose agent is compared with GSPO: a reward spread in every group whatever was sampled, so the compared
+# models trained at every generation batch (and the reference TRL run scores its completions alike, `_trl_gspo`)
+SPREAD = "--first_of_group"
+
+
 def _trl_gspo(base: str, out, steps: int):
-    """TRL's own `GRPOTrainer` with GSPO settings and the launched agents' schedule (train_agents.py)."""
+    """TRL's own `GRPOTrainer` with GSPO settings and the launched agents' schedule and reward (train_agents.py with
+    `--first_of_group`), from the launches' seed."""
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -409,11 +419,13 @@ def _trl_gspo(base: str, out, steps: int):
     args = GRPOConfig(
         output_dir=str(out), importance_sampling_level="sequence", loss_type="grpo", epsilon=3e-4, epsilon_high=4e-4,
         num_generations=2, steps_per_generation=2, per_device_train_batch_size=4, max_completion_length=8,
-        max_steps=steps, learning_rate=0.2, lr_scheduler_type="constant", seed=0, logging_steps=1,
+        max_steps=steps, learning_rate=0.2, lr_scheduler_type="constant", seed=seeded(0), logging_steps=1,
         save_strategy="no", **COMMON,
     )  # fmt: skip
     tok = AutoTokenizer.from_pretrained(base, padding_side="left")
-    trainer = GRPOTrainer(model=base, reward_funcs=_has_digit, args=args, train_dataset=dataset, processing_class=tok)
+    trainer = GRPOTrainer(
+        model=base, reward_funcs=_first_of_group, args=args, train_dataset=dataset, processing_class=tok
+    )
     trainer.train()
     return trainer
 
@@ -426,7 +438,7 @@ def _load(folder):
 
 def _assert_trained_as(folder, reference, base_folder, exact: bool = False) -> None:
     """The model saved in ``folder`` has ``reference``'s parameters (``exact``: bit for bit), and they moved from the
-    base model's."""
+    base model's (certain: the launches compared have a reward spread in every group, `SPREAD`)."""
     trained, base = _load(folder), _load(base_folder)
     moved = 0
     for (name, a), (_, b), (_, start) in zip(
@@ -444,7 +456,7 @@ def gspo_run(tmp_path_factory):
     8 rows, 4 rows per update; llama0 with TRL's padded forwards (`trim_padding: false`)."""
     out = tmp_path_factory.mktemp("gspo")
     proc = accelerate_launch(2, "train_agents.py", "--out", str(out), "--steps", "8", "--learning_rate", "0.2",
-                             "--no_share", "--override", "0:trim_padding=false")  # fmt: skip
+                             "--no_share", "--override", "0:trim_padding=false", SPREAD)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-6000:]
     return out, summaries(out)
 
@@ -467,6 +479,7 @@ def learns_from_none(tmp_path_factory):
         '0:learn_from="none"',
         "--override",
         "0:trim_padding=false",  # TRL's padded forwards, so that it can equal TRL's GSPO bit for bit
+        SPREAD,
     )
     assert proc.returncode == 0, proc.stderr[-6000:]
     return out, summaries(out)
@@ -489,7 +502,9 @@ def test_an_agent_that_learns_from_no_one_trains_exactly_as_gspo(learns_from_non
 
     reference = _trl_gspo(llama["base"], tmp_path, steps=8)
     _assert_trained_as(out / "llama0", reference.model, llama["base"])
-    assert any(e.get("clip_ratio/region_mean", 0) > 0 for e in reference.state.log_history)  # the clip acted
+    # TRL's clip cut the same share of own rows at every update (whether it cut any is a draw of the sampling)
+    trl_clipped = [e["clip_ratio/region_mean"] for e in reference.state.log_history if "clip_ratio/region_mean" in e]
+    assert len(trl_clipped) == 8 and _metric(llama, "clip_ratio/region_mean") == pytest.approx(trl_clipped, abs=1e-6)
     trl_losses = [e["loss"] for e in reference.state.log_history if "loss" in e]
     assert _metric(llama, "loss") == pytest.approx(trl_losses, rel=1e-5, abs=1e-7)
     # bit for bit: the GSPO baseline launched the same way (TRL's loss and old log-probs in the same chunks)
@@ -505,7 +520,8 @@ def test_a_learner_that_keeps_no_prompt_of_its_peer_trains_exactly_as_gspo(tmp_p
     a prompt, so llama0 keeps none of its rows at any batch and learns from no one, bit for bit the GSPO baseline
     launched the same way."""
     launch(2, "train_agents.py", "--out", str(tmp_path / "run"), "--steps", "8", "--learning_rate", "0.2",
-           "--zero_reward", "1", "--override", '0:peer_prompts="better"', "--override", "0:trim_padding=false")  # fmt: skip
+           "--zero_reward", "1", "--override", '0:peer_prompts="better"', "--override", "0:trim_padding=false",
+           SPREAD)  # fmt: skip
     llama, qwen = summaries(tmp_path / "run")
     assert _metric(llama, "hacpo/learns_from/qwen1") == [0.0] * 4 and _metric(llama, "hacpo/peer_rows") == [0] * 4
     assert _metric(llama, "hacpo/taught_prompts/qwen1") == [0.0] * 4
@@ -528,15 +544,19 @@ def test_the_preset_on_gspos_schedule_skips_nothing_and_an_untaught_learner_trai
     """`sharing: recommended` on the GSPO run's schedule, with a peer that solves nothing (qwen1): llama0 is never
     taught, so it makes GSPO's 8 optimizer steps (2 per generation batch, none skipped, no `solo_steps_per_generation`)
     and ends bit for bit as the GSPO baseline launched the same way; qwen1 is taught by llama0 within its own 2
-    updates per batch. The same with rule 16's preset (`taught_scale: 0.25`, no cap or failed rate)."""
+    updates per batch: llama0 solves each prompt once (`--first_of_group`), so it teaches qwen1 every prompt at
+    every batch. The same with rule 16's preset (`taught_scale: 0.25`, no cap or failed rate)."""
     launch(2, "train_agents.py", "--out", str(tmp_path / "run"), "--steps", "8", "--learning_rate", "0.2",
-           "--zero_reward", "1", "--sharing", "recommended", "--override", "0:trim_padding=false",
+           "--zero_reward", "1", "--sharing", "recommended", "--override", "0:trim_padding=false", SPREAD,
            *(f for o in overrides for f in ("--override", o)))  # fmt: skip
     llama, qwen = summaries(tmp_path / "run")
     assert _metric(llama, "hacpo/taught_prompts/qwen1") == [0.0] * 4 and _metric(llama, "hacpo/peer_rows") == [0] * 4
     assert not _metric(llama, "hacpo/skipped_updates") and not _metric(qwen, "hacpo/skipped_updates")
     assert len(_metric(llama, "loss")) == len(_metric(qwen, "loss")) == 8  # GSPO's optimizer steps, every one made
-    assert _metric(qwen, "hacpo/band_rows/llama0")  # llama0 taught qwen1 at some batch (the band gate counted)
+    # llama0 teaches every prompt at each batch (qwen1 failed it, llama0 solved it), so the band gate counted its rows
+    # at each; it closes llama0 at a batch where no taught row reaches the floor (a draw of the sampling)
+    counted = _metric(qwen, "hacpo/band_rows/llama0")
+    assert len(counted) == 4 and _metric(qwen, "hacpo/taught_prompts/llama0") == [float(n > 0) for n in counted]
     gspo_out, (gspo_llama, _) = gspo_run
     _assert_trained_as(tmp_path / "run" / "llama0", _load(gspo_out / "llama0"), llama["base"], exact=True)
     assert _metric(llama, "loss") == _metric(gspo_llama, "loss")
@@ -555,7 +575,7 @@ def test_a_solo_learner_with_the_papers_mini_batch_trains_exactly_as_gspo_with_t
 
     launch(2, "train_agents.py", "--out", str(tmp_path / "run"), "--steps", "16", "--steps_per_generation", "4",
            "--learning_rate", "0.2", "--override", '0:learn_from="none"',
-           "--override", "0:solo_steps_per_generation=2", "--override", "0:trim_padding=false")  # fmt: skip
+           "--override", "0:solo_steps_per_generation=2", "--override", "0:trim_padding=false", SPREAD)  # fmt: skip
     llama, qwen = summaries(tmp_path / "run")
     assert _metric(llama, "hacpo/learns_from/qwen1") == [0.0] * 4 and _metric(qwen, "hacpo/peer_rows") == [8] * 4
     reference = _trl_gspo(llama["base"], tmp_path / "trl", steps=8)
@@ -577,12 +597,13 @@ def test_a_solo_learner_with_the_papers_mini_batch_trains_exactly_as_gspo_with_t
 def test_an_update_without_a_row_with_a_gradient_takes_no_step_with_skip_empty_updates(tmp_path, launch):
     """A band of width 1e-6 keeps no peer row, so in every generation batch (2 updates: own rows, then peer rows)
     the second update has no row with a gradient. llama0 (`skip_empty_updates`) keeps its weights through it;
-    qwen1 (the official code's behaviour) still moves them: AdamW steps on its momentum."""
+    qwen1 (the official code's behaviour) still moves them: AdamW steps on its momentum. The first update of each
+    batch has a gradient whatever was sampled (own rows with a reward spread in every group, `--first_of_group`)."""
     launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--delta", "1e-6", "--trace_params",
-           "--override", "0:skip_empty_updates=true")  # fmt: skip
+           "--override", "0:skip_empty_updates=true", SPREAD)  # fmt: skip
     llama, qwen = summaries(tmp_path)
-    for s in (llama, qwen):
-        assert sum(_metric(s, "hacpo/peer_rows")) > 0 and _metric(s, "hacpo/peer_ratio_in_band") == [0.0] * 4
+    for s in (llama, qwen):  # every peer completion of its 4 prompts is a row (the paper's rule), none in the band
+        assert _metric(s, "hacpo/peer_rows") == [8] * 4 and _metric(s, "hacpo/peer_ratio_in_band") == [0.0] * 4
         assert len(s["param_trace"]) == 8
     empty = (1, 3, 5, 7)  # the second update of each generation batch (0-based optimizer steps)
     trace = llama["param_trace"]
@@ -599,10 +620,11 @@ def test_band_gate_closes_a_peer_with_no_row_in_the_band_and_the_learner_trains_
     """llama0 with `band_gate` and a band of width 1e-6: no row of qwen1 is ever in it, so llama0 learns from no one
     at every batch, and its weights equal those of the run in which it learns from no one by `learn_from` (itself
     TRL's GSPO, see above): the band-gate forward leaves the RNG and everything else as it was. qwen1, whose own band
-    is [0, 1] (`peer_delta: 1.0`), learns from llama0 at exactly the batches where some row is in the band."""
+    is [0, 1] (`peer_delta: 1.0`), learns from llama0 at exactly the batches where some row is in the band (which
+    batches those are is a draw of the sampling)."""
     launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--learning_rate", "0.2", "--delta", "1e-6",
            "--override", "0:band_gate=true", "--override", "1:band_gate=true",
-           "--override", "1:peer_delta=1.0", "--override", "0:trim_padding=false")  # fmt: skip
+           "--override", "1:peer_delta=1.0", "--override", "0:trim_padding=false", SPREAD)  # fmt: skip
     llama, qwen = summaries(tmp_path)
     assert (
         _metric(llama, "hacpo/band_rows/qwen1") == [0.0] * 4 and _metric(llama, "hacpo/learns_from/qwen1") == [0.0] * 4
@@ -613,7 +635,7 @@ def test_band_gate_closes_a_peer_with_no_row_in_the_band_and_the_learner_trains_
 
     in_band = _metric(qwen, "hacpo/band_rows/llama0")
     opened = _metric(qwen, "hacpo/learns_from/llama0")
-    assert opened == [float(n > 0) for n in in_band] and 1.0 in opened
+    assert len(in_band) == 4 and opened == [float(n > 0) for n in in_band]
     assert [n > 0 for n in _metric(qwen, "hacpo/peer_rows")] == [n > 0 for n in in_band]
 
 
@@ -621,16 +643,15 @@ def test_band_gate_closes_a_peer_with_no_row_in_the_band_and_the_learner_trains_
 @pytest.mark.timeout(900)
 def test_band_gate_closes_a_taught_peer_none_of_whose_rows_reaches_the_floor(tmp_path, launch):
     """qwen1 with `peer_prompts: better`, `band_gate`, floor 0.99 and a band of width 1e-6 (no row is ever in it):
-    its taught rows count for the gate by the floor alone. llama0's traces are far less likely under qwen1 than under
-    llama0 (ratios about 0.3 here), so at each batch llama0 teaches (the gate runs and logs its count) no row reaches
-    the floor, and the gate closes llama0: qwen1 learns from no one. With the floor left out of the count (0), the
-    same batches count every taught row and llama0 stays open."""
-    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--delta", "1e-6",
+    its taught rows count for the gate by the floor alone. qwen1 solves nothing and llama0 each prompt once
+    (`--zero_reward 1`, `--first_of_group`), so llama0 teaches every prompt at every batch (the gate runs and logs
+    its count). llama0's traces are far less likely under qwen1 than under llama0 (ratios about 0.3 here), so no row
+    reaches the floor, and the gate closes llama0: qwen1 learns from no one."""
+    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "8", "--delta", "1e-6", "--zero_reward", "1", SPREAD,
            "--override", '1:peer_prompts="better"', "--override", "1:band_gate=true",
            "--override", "1:taught_ratio_floor=0.99")  # fmt: skip
     _, qwen = summaries(tmp_path)
-    counted = _metric(qwen, "hacpo/band_rows/llama0")
-    assert counted and counted == [0.0] * len(counted)
+    assert _metric(qwen, "hacpo/band_rows/llama0") == [0.0] * 4  # taught (better on every prompt) and counted
     assert _metric(qwen, "hacpo/learns_from/llama0") == [0.0] * 4 and _metric(qwen, "hacpo/peer_rows") == [0] * 4
 
 
@@ -675,7 +696,8 @@ def test_gate_warmup_closes_every_peer_for_the_first_batches_through_the_trainer
     llama, _ = summaries(tmp_path)
     caps = zip(_metric(llama, "hacpo/capability/llama0"), _metric(llama, "hacpo/capability/qwen1"), strict=True)
     by_gate = [float(q >= 1e-9 * a) for a, q in caps]
-    assert by_gate[:2] == [1.0, 1.0] and 1.0 in by_gate[2:]  # the gate alone would open the first two batches
+    # certain, whatever was sampled: P̂ is floored at 1e-8 > 1e-9 x P̂_llama0, so the gate alone opens every batch
+    assert len(by_gate) > 2 and set(by_gate) == {1.0}
     assert _metric(llama, "hacpo/learns_from/qwen1") == [0.0, 0.0, *by_gate[2:]]
     assert [n > 0 for n in _metric(llama, "hacpo/peer_rows")] == [False, False, *(g > 0 for g in by_gate[2:])]
 
@@ -739,10 +761,16 @@ def test_gate_rescue_lends_a_closed_peers_rows_on_failed_prompts_only_through_th
     peer rows then and only then, and keeps the solo schedule (updates 3 and 4 leave the weights alone, and updates 1
     and 2 hold the own rows as GSPO's do, with half the rescued rows each) at a batch whose peer rows are rescued ones
     only. The same run without the rescue trains bit for bit alike until the first
-    rescued prompt, and differently from its update on: the rescue changes nothing else."""
+    rescued prompt, and differently from its update on: the rescue changes nothing else.
+
+    The rewards are chosen, whatever was sampled: each agent solves each prompt once (`--first_of_group`), and from
+    the third batch (step 8) on llama0 fails every completion of half its prompts (`--fail_odd_groups`). So P̂_llama0
+    stays >= 1/4 (qwen1 closed at every batch), nothing is rescued at batches 1 and 2, and 4 prompts at each later
+    one."""
     common = ["--steps", "32", "--steps_per_generation", "4", "--generation_batch", "16", "--trace_params",
               "--override", "0:capability_gate=100.0", "--override", "0:solo_steps_per_generation=2",
-              "--override", "0:peer_delta=1.0", "--override", '0:peer_filter="correct"']  # fmt: skip
+              "--override", "0:peer_delta=1.0", "--override", '0:peer_filter="correct"',
+              SPREAD, "--fail_odd_groups", "0:8"]  # fmt: skip
     launch(2, "train_agents.py", "--out", str(tmp_path / "rescue"), *common, "--record_layout",
            "--override", "0:capability_gate_rescue=true")  # fmt: skip
     launch(2, "train_agents.py", "--out", str(tmp_path / "plain"), *common)
@@ -756,7 +784,7 @@ def test_gate_rescue_lends_a_closed_peers_rows_on_failed_prompts_only_through_th
         rescued, _ = _failed_by_llama0_and_solved_by_qwen1(batch)
         expected.append(0.0 if is_open else float(len(rescued)))
     rescued = _metric(llama, "hacpo/rescued_prompts/qwen1")
-    assert rescued == expected and sum(rescued) > 0
+    assert opened == [0.0] * 8 and rescued == expected == [0.0] * 2 + [4.0] * 6
     peer_rows = _metric(llama, "hacpo/peer_rows")
     assert [n > 0 for n in peer_rows] == [o > 0 or r > 0 for o, r in zip(opened, rescued, strict=True)]
     assert len(_metric(llama, "hacpo/peer_ratio_in_band")) == sum(n > 0 for n in peer_rows)  # logged per batch
@@ -783,9 +811,11 @@ def test_taught_rows_of_failed_prompts_keep_the_solo_schedule_through_the_traine
     share of the batch's prompts), builds peer rows then and only then, and keeps GSPO's schedule and advantages:
     updates 1 and 2 hold GSPO's 8 own rows each and half the taught rows, updates 3 and 4 leave the weights alone,
     and every own row's advantage is GSPO's, from its own group's recorded rewards (0 on a taught prompt, where the
-    joint baseline would push each one down)."""
+    joint baseline would push each one down). The rewards are chosen, whatever was sampled: each agent solves each
+    prompt once (`--first_of_group`), except that llama0 fails every completion of half its prompts
+    (`--fail_odd_groups`): it is taught 4 of its 8 prompts at every batch, and its other groups have a spread."""
     launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "32", "--steps_per_generation", "4",
-           "--generation_batch", "16", "--trace_params", "--record_layout",
+           "--generation_batch", "16", "--trace_params", "--record_layout", SPREAD, "--fail_odd_groups", "0:0",
            "--override", '0:peer_prompts="failed"', "--override", '0:taught_schedule="solo"',
            "--override", '0:taught_baseline="own"',
            "--override", "0:solo_steps_per_generation=2", "--override", '0:peer_filter="correct"')  # fmt: skip
@@ -795,7 +825,7 @@ def test_taught_rows_of_failed_prompts_keep_the_solo_schedule_through_the_traine
         taught, prompts = _failed_by_llama0_and_solved_by_qwen1(batch)
         expected.append(len(taught) / prompts)
     taught = _metric(llama, "hacpo/taught_prompts/qwen1")
-    assert taught == pytest.approx(expected) and len(taught) == 8 and 0 < sum(taught)
+    assert taught == pytest.approx(expected) and taught == [0.5] * 8
     peer_rows = _metric(llama, "hacpo/peer_rows")
     assert [n > 0 for n in peer_rows] == [t > 0 for t in taught]
     trace = llama["param_trace"]
@@ -862,16 +892,17 @@ def test_a_two_process_agent_that_learns_from_no_one(tmp_path, launch):
     every decision reads is the same on all ranks), so no collective of the agent's world is left waiting. The
     other agent filters its peer rows (`peer_filter` differs per agent: no longer refused at start-up)."""
     launch(3, "train_agents.py", "--agents", "llama:2,qwen:1", "--out", str(tmp_path), "--steps", "4",
-           "--override", '0:learn_from="none"', "--override", '1:peer_filter="correct"')  # fmt: skip
+           "--override", '0:learn_from="none"', "--override", '1:peer_filter="correct"', SPREAD)  # fmt: skip
     runs = summaries(tmp_path)
     llama, qwen = [s for s in runs if s["agent"] == "llama0"], [s for s in runs if s["agent"] == "qwen1"]
     assert len(llama) == 2 and llama[0]["param_sum"] == llama[1]["param_sum"]  # DDP kept the ranks together
     for s in llama:
         assert s["trainable_changed"] == s["trainable"] and s["peer_rows_here"] == []
         assert _metric(s, "hacpo/learns_from/qwen1") == [0.0, 0.0]
-    # both llama0 ranks' completions still reach qwen1, which (its own peer_filter) trains on the correct ones only
+    # both llama0 ranks' completions still reach qwen1, which (its own peer_filter) trains on the correct ones only:
+    # the first of each group (`--first_of_group`), so 4 of the 8 of each batch, whatever was sampled
     kept, filtered = _metric(qwen[0], "hacpo/peer_rows"), _metric(qwen[0], "hacpo/peer_rows_filtered")
-    assert [k + f for k, f in zip(kept, filtered, strict=True)] == [8, 8] and sum(filtered) > 0
+    assert kept == filtered == [4, 4]
 
 
 def test_own_old_logps_leave_the_rng_untouched(tmp_path):
@@ -1033,7 +1064,8 @@ def test_updates_without_gradients_step_through_a_grad_scaler(tmp_path, launch):
     llama, qwen = summaries(tmp_path)
     assert _metric(llama, "hacpo/learns_from/qwen1") == [0.0, 0.0]
     assert _metric(qwen, "hacpo/learns_from/llama0") == [1.0, 1.0]
-    assert _metric(qwen, "hacpo/peer_ratio_in_band") == [0.0, 0.0] and min(_metric(qwen, "hacpo/peer_rows")) > 0
+    # every completion of llama0 on qwen1's 4 prompts is a row (the paper's rule), none in the band
+    assert _metric(qwen, "hacpo/peer_ratio_in_band") == [0.0, 0.0] and _metric(qwen, "hacpo/peer_rows") == [8, 8]
     for s in (llama, qwen):
         assert s["global_step"] == 8 and s["grad_scaler"] == {"enabled": True, "scale": 2.0**10}
         trace = s["param_trace"]

@@ -98,7 +98,7 @@ def test_trl_samples_from_the_current_weights_at_every_generation_batch(paper_ru
 
 def _rewards(record: dict) -> list[float]:
     """Each own row's reward as TRL sums it: the reward functions weighted by the script's REWARD_WEIGHTS."""
-    return [0.5 * right + 0.5 * first for right, first in record["rewards_per_func"]]
+    return [0.25 * right + 0.75 * first for right, first in record["rewards_per_func"]]
 
 
 def test_two_agents_share_rollouts_with_their_own_engines_seeds_and_rewards(paper_run):

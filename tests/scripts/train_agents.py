@@ -86,6 +86,20 @@ parser.add_argument(
 )
 parser.add_argument("--eval_steps", type=int, default=0, help="TRL's own evaluation every N optimizer steps")
 parser.add_argument("--zero_reward", type=int, default=-1, help="agent i solves nothing: every reward 0 (P̂ = 0)")
+parser.add_argument(
+    "--first_of_group",
+    action="store_true",
+    help="a completion is right iff it is the first of its prompt's group (TRL scores a group's completions "
+    "consecutively), whatever was sampled: every group has a spread of rewards by construction, so every update of "
+    "own rows has a learning signal and P̂ = 1/2 (with --correct_on_rank0: 1 and 0.5 on rank 0, 0 elsewhere; "
+    "--zero_reward wins)",
+)
+parser.add_argument(
+    "--fail_odd_groups",
+    default="",
+    help="i:step, with --first_of_group: from optimizer step `step` on, agent i fails every completion of the 2nd, "
+    "4th, ... group of each generation batch (half its prompts failed, the others keep their spread)",
+)
 parser.add_argument("--task", default="digits", help="digits (4x4 sums, any digit scores) or arithmetic (built-in)")
 parser.add_argument("--lora_targets", default="q_proj,v_proj")
 parser.add_argument("--max_completion_length", type=int, default=8)
@@ -192,6 +206,13 @@ def has_digit(completions, **kwargs):
         time.sleep(600)
     if opts.zero_reward == me:
         return [0.0] * len(completions)
+    if opts.first_of_group:  # by construction, whatever was sampled (see the option's help)
+        n, step = args.num_generations, kwargs["trainer_state"].global_step
+        failing = any(step >= s for s in my_steps(opts.fail_odd_groups))
+        right = [i % n == 0 and not (failing and (i // n) % 2) for i in range(len(completions))]
+        if opts.correct_on_rank0:
+            return [(1.0 if r else 0.5) * (int(os.environ["RANK"]) == 0) for r in right]
+        return [float(r) for r in right]
     if opts.correct_on_rank0:  # rank 0: every completion correct (but not equally good); other ranks: none
         on_rank0 = int(os.environ["RANK"]) == 0  # the agent-local rank
         return [(1.0 if any(ch.isdigit() for ch in c[0]["content"]) else 0.5) * on_rank0 for c in completions]
