@@ -95,14 +95,11 @@ def _untrained_copy(name: str, folder: Path) -> str:
     return str(folder)
 
 
-@pytest.mark.launch
-def test_the_agent_the_plan_says_waits_is_the_one_that_waits(launch, tmp_path, capsys):
-    """The size pair (trace-large + trace-small, one process each), 16 steps = 4 generation batches. The plan
-    predicts which agent idles at the exchange; the run's `hacpo/time/exchange_wait` shows who did, summed over the
-    generation batches after the first (the first also waits for start-up). Why this holds under load: the large
-    agent has 4 layers of width 96 against 2 of width 32 (more work per token in FLOPs and in per-layer overhead),
-    so on a shared CPU the small agent finishes each batch first and waits seconds, the large one milliseconds
-    (seen: 1.9 s vs 0.002 s per batch); the assertion needs only a factor of 3 between the sums."""
+def test_the_plan_says_the_smaller_agent_of_the_size_pair_waits(tmp_path, capsys):
+    """The size pair (trace-large + trace-small, one process each): the plan predicts from FLOPs that the small agent
+    idles at the exchange and the large one never does. That the run then waits as predicted is a timing, measured
+    by `benchmarks/overhead.py` (RESULTS.md, "waiting for peer": trace-small 44-58% of a batch, trace-large 0%), not
+    asserted by a test: no test depends on timing."""
     import json
     import re
 
@@ -126,25 +123,4 @@ def test_the_agent_the_plan_says_waits_is_the_one_that_waits(launch, tmp_path, c
     out = capsys.readouterr().out
     idle = {m[0]: int(m[1]) for m in re.findall(r"^  (\S+): .* predicted idle (\d+)%", out, re.M)}
     assert set(idle) == {"trace-large", "trace-small"}, out
-    predicted = max(idle, key=idle.get)
-    assert predicted == "trace-small" and idle["trace-large"] == 0
-
-    launch(
-        2,
-        "-m",
-        "hacpo_trl.train",
-        "--config",
-        str(recipe),
-        *overrides,
-        "--output_dir",
-        str(tmp_path / "run"),
-        timeout=900,
-    )
-    waited = {}
-    for name in idle:
-        history = json.loads((tmp_path / "run" / name / "log_history.json").read_text())
-        waits = [e["hacpo/time/exchange_wait"] for e in history if "hacpo/time/exchange_wait" in e]
-        assert len(waits) == 4, waits
-        waited[name] = sum(waits[1:])
-    other = "trace-large" if predicted == "trace-small" else "trace-small"
-    assert waited[predicted] > 3 * waited[other], waited
+    assert max(idle, key=idle.get) == "trace-small" and idle["trace-large"] == 0 and idle["trace-small"] > 50

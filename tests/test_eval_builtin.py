@@ -2,6 +2,7 @@
 and reports the run's own held-out accuracy; a built-in task they were not trained on is refused."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,11 @@ def test_eval_reproduces_the_runs_held_out_accuracy_and_refuses_the_other_task(t
 
     # the README's command, after the demo: no --benchmark, so each agent's own task and held-out problems
     cmd = [sys.executable, "-m", "hacpo_trl.evaluate", *[a for n in agents for a in ("--model", str(out / n))]]
-    proc = subprocess.run([*cmd, "--output_dir", str(tmp_path / "eval")], capture_output=True, text=True, timeout=900)
+    # one thread, as each process of the launch evaluated (accelerate sets OMP_NUM_THREADS=1): the same kernels, so
+    # no near-tie of the greedy argmax can fall the other way
+    one_thread = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([*cmd, "--output_dir", str(tmp_path / "eval")], capture_output=True, text=True, timeout=900,
+                          env=one_thread)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "trained on 'arithmetic_trace'" in proc.stdout
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
@@ -60,7 +65,7 @@ def test_eval_scores_with_the_runs_own_reward_functions(tmp_path, monkeypatch):
     without the module on PYTHONPATH one line names it, before any model loads."""
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "my_rewards.py").write_text(REWARDS)
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'mine'}:{__import__('os').environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'mine'}:{os.environ.get('PYTHONPATH', '')}")
     out = tmp_path / "run"
     run = accelerate_launch(
         2, "-m", "hacpo_trl.train", "--config", str(ROOT / "recipes" / "tiny_state.yaml"), "--output_dir", str(out),

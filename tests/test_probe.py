@@ -178,9 +178,10 @@ def test_probe_on_the_state_pair_prints_the_table_and_writes_every_field(state_p
         assert sum(p["all"][k] for k in ("below", "in_band", "above")) == pytest.approx(1)
         assert p["correct"]["rows"] + p["wrong"]["rows"] == 32
         assert set(p) >= {"would_train", "wrong_share_of_would_train", "omega"} and p["learns_from"] is True
-        # ω = clamp(P_generator / P_learner) from the sampled accuracies
+        # ω = clamp(P_generator / P_learner) from the sampled accuracies, each floored as the tracker floors P̂
         acc = report["agents"]
-        expected = acc[p["generator"]]["accuracy"] / acc[p["learner"]]["accuracy"]
+        floored = {a: max(acc[a]["accuracy"], 1e-8) for a in acc}
+        expected = floored[p["generator"]] / floored[p["learner"]]
         assert p["omega"] == pytest.approx(min(max(expected, 0.1), 10.0))
     assert all(f in stdout for f in report["flags"])
 
