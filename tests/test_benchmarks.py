@@ -732,3 +732,11 @@ def test_the_presets_summed_cost_ratio_and_its_bootstrap_interval_by_hand():
     assert ratio == pytest.approx(10.0 / 6.0) and 1.0 <= low <= ratio <= high <= 2.0
     longer = [rep([1.0, 1.0, 5.0], [1.0, 1.0])]  # batches beyond the shorter run's are left out of both
     assert overhead.summed_ratio(longer)[0] == pytest.approx(1.0)
+
+
+def test_the_presets_cost_section_regenerates_from_its_committed_timings(tmp_path):
+    import overhead
+
+    page = ROOT / "benchmarks" / "RESULTS.md"
+    overhead.main(["--preset", "--from_raw", "benchmarks/overhead-preset.json", "--results", str(tmp_path / "c.md")])
+    assert _section(tmp_path / "c.md", "overhead-preset") == _section(page, "overhead-preset")
