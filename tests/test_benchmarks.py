@@ -740,3 +740,13 @@ def test_the_presets_cost_section_regenerates_from_its_committed_timings(tmp_pat
     page = ROOT / "benchmarks" / "RESULTS.md"
     overhead.main(["--preset", "--from_raw", "benchmarks/overhead-preset.json", "--results", str(tmp_path / "c.md")])
     assert _section(tmp_path / "c.md", "overhead-preset") == _section(page, "overhead-preset")
+
+
+def test_the_vllm_generate_section_regenerates_from_its_committed_timings(tmp_path):
+    """`vllm_generate.py --from_raw` writes the committed section again from the committed timings (it needs no vLLM:
+    nothing is run), so the table is the measurement, not a transcription."""
+    import vllm_generate
+
+    page = ROOT / "benchmarks" / "RESULTS.md"
+    vllm_generate.main(["--from_raw", "benchmarks/vllm_generate.json", "--results", str(tmp_path / "v.md")])
+    assert _section(tmp_path / "v.md", "vllm_generate") == _section(page, "vllm_generate")
