@@ -374,3 +374,26 @@ def test_use_vllm_without_vllm_is_refused_before_any_agent_is_built(where, tmp_p
     agents = "'vllm-llama', 'vllm-qwen2'" if where == "run" else "'vllm-qwen2'"
     assert line.startswith(f"hacpo-train: error: recipe key 'use_vllm': agent(s) {agents} generate with vLLM")
     assert "make install-vllm" in line and not built
+
+
+@pytest.mark.parametrize("tool", ["hacpo-train", "--plan", "hacpo-probe"])
+def test_a_malformed_flag_value_is_one_line_naming_the_flag(tool, tmp_path, capsys, monkeypatch):
+    """`--model_init_kwargs '{"dtype": bfloat16'` (a closing brace lost): flag values are read as YAML, and the
+    parser's error used to escape as a 40-line `yaml.parser.ParserError` traceback, on every rank of a launch. Now the
+    one `<tool>: error:` line names the flag and what is wrong with its value, before any agent is built."""
+    from hacpo_trl import plan_cli, probe, train
+
+    monkeypatch.delenv("RANK", raising=False)
+    argv = ["--config", str(ROOT / "recipes" / "tiny_size.yaml"), "--output_dir", str(tmp_path / "run"),
+            "--model_init_kwargs", '{"dtype": bfloat16']  # fmt: skip
+    built = []
+    monkeypatch.setattr("hacpo_trl.builtin.resolve_model", lambda name: built.append(name) or name)
+    run = {"hacpo-train": train.main, "--plan": lambda a: plan_cli.main([*a, "--plan"]), "hacpo-probe": probe.main}
+    assert run[tool](argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    prog = "hacpo-train --plan" if tool == "--plan" else tool
+    assert err[-1] == (
+        f"""{prog}: error: flag --model_init_kwargs: malformed value '{{"dtype": bfloat16': expected ',' or '}}', """
+        "but got '<stream end>' (column 19)"
+    )
+    assert not built and "Traceback" not in "\n".join(err)

@@ -327,7 +327,7 @@ def _recipe(argv: list[str]):
 
 def _effective_recipe(path: str, argv: list[str]) -> dict:
     """The recipe with the command line's flags over it, as training reads it (the probe's own flags left out)."""
-    from .recipe import load_recipe
+    from .recipe import RecipeError, load_recipe
 
     own = {f"--{f.name}" for f in dataclasses.fields(ProbeArguments)}
     kept, i = [], 0
@@ -339,6 +339,8 @@ def _effective_recipe(path: str, argv: list[str]) -> dict:
         i += 1
     try:
         return load_recipe(path, kept)
+    except RecipeError:  # a malformed flag value, or a `--sharing` no one knows: one line naming it
+        raise
     except ValueError:  # not plain --key value flags: the argument parser names the problem
         return load_recipe(path)
 

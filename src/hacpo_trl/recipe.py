@@ -186,7 +186,9 @@ def effective_recipe(recipe: dict, argv: list[str] | None = None) -> dict:
 
 def cli_overrides(argv: list[str]) -> dict:
     """``--key value`` / ``--key=value`` / bare ``--flag`` (true) pairs, each value read as a YAML scalar; several
-    values after one key become a list (``--reward_funcs a b``)."""
+    values after one key become a list (``--reward_funcs a b``). A value that is not YAML raises `RecipeError`
+    naming the flag; a token that is no ``--key`` where one is due raises a plain `ValueError`, left to the argument
+    parser to name."""
     out, i = {}, 0
     while i < len(argv):
         arg = argv[i]
@@ -195,14 +197,26 @@ def cli_overrides(argv: list[str]) -> dict:
         key, eq, value = arg[2:].partition("=")
         i += 1
         if eq:
-            out[key] = yaml.safe_load(value)
+            out[key] = _flag_value(key, value)
             continue
         values = []
         while i < len(argv) and not argv[i].startswith("--"):
-            values.append(yaml.safe_load(argv[i]))
+            values.append(_flag_value(key, argv[i]))
             i += 1
         out[key] = True if not values else values[0] if len(values) == 1 else values
     return out
+
+
+def _flag_value(key: str, text: str):
+    """One flag value read as YAML, as the recipe's own values are; malformed, a `RecipeError` naming the flag."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (column {mark.column + 1})" if mark else ""
+        raise RecipeError(
+            f"flag --{key}: malformed value {text!r}: {getattr(exc, 'problem', None) or exc}{where}"
+        ) from None
 
 
 def _field_names() -> set[str]:

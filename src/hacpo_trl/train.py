@@ -221,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             recipe = effective_recipe(written)
             try:
                 effective = effective_recipe(written, argv)
+            except RecipeError:  # a malformed flag value, or a `--sharing` no one knows: one line naming it
+                raise
             except ValueError:  # not plain --key value flags: the argument parser below names the problem
                 effective = recipe
             resolved = preflight(effective, num_processes=launched)  # every rank, before any ML library is imported
