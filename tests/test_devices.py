@@ -296,3 +296,20 @@ def test_the_allocator_gets_expandable_segments_unless_the_user_chose():
         assert set_cuda_allocator(recipe, env) is None and env == {}
     env = {}
     assert set_cuda_allocator({"use_vllm": True}, env) and env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_an_agents_own_vllm_sleep_mode_keeps_the_allocator_as_it_is():
+    """`use_vllm` and `vllm_enable_sleep_mode` may be set for one agent (`overrides`): the allocator and `--plan` used
+    to read the run's keys only, so such a launch got expandable segments, which vLLM's sleep mode cannot use."""
+    from hacpo_trl.placement import allocator_expandable, set_cuda_allocator
+    from hacpo_trl.resolve import resolve
+
+    sleeping = {"use_vllm": True, "vllm_enable_sleep_mode": True}
+    recipe = {"agents": [{"name": "a", "model_name_or_path": "x", "overrides": sleeping},
+                         {"name": "b", "model_name_or_path": "y"}]}  # fmt: skip
+    for resolved in (None, resolve(recipe)):  # the agents read here, or as the caller resolved them
+        env = {}
+        assert set_cuda_allocator(recipe, env, resolved=resolved) is None and env == {}
+        assert not allocator_expandable(recipe, {}, resolved=resolved)
+    awake = {"agents": [{**recipe["agents"][0], "overrides": {"use_vllm": True}}, recipe["agents"][1]]}
+    assert set_cuda_allocator(awake, {}) and allocator_expandable(awake, {})

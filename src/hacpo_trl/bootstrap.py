@@ -51,7 +51,7 @@ def place(recipe: dict, world: int, resolved=None) -> str | None:
     counts = resolved.process_counts if resolved is not None else process_counts(recipe)
     if world > 1 and counts is not None and sum(counts) == world:
         place_process(counts, share_gpus(recipe))
-    return set_cuda_allocator(recipe)
+    return set_cuda_allocator(recipe, resolved=resolved)
 
 
 def quiet_vllm() -> None:

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
-from .resolve import resolve  # torch-free, like this module
+from .resolve import ResolvedRecipe, resolve  # torch-free, like this module
 
 __all__ = [
     "Placement",
@@ -205,31 +205,47 @@ def share_gpus(recipe: Mapping) -> bool:
 ALLOCATOR = "expandable_segments:True"
 
 
-def allocator_expandable(recipe: Mapping, environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether torch's CUDA allocator will use expandable segments in a launch of this recipe by `hacpo-train`."""
+def allocator_expandable(
+    recipe: Mapping, environ: Mapping[str, str] = os.environ, resolved: ResolvedRecipe | None = None
+) -> bool:
+    """Whether torch's CUDA allocator will use expandable segments in a launch of this recipe by `hacpo-train`
+    (``resolved``: the recipe's agents, if known)."""
     chosen = environ.get("PYTORCH_CUDA_ALLOC_CONF", environ.get("PYTORCH_ALLOC_CONF"))
     if chosen is not None:
         return "expandable_segments:true" in chosen.replace(" ", "").lower()
-    return set_cuda_allocator(recipe, {}) is not None
+    return set_cuda_allocator(recipe, {}, resolved) is not None
 
 
-def set_cuda_allocator(recipe: Mapping, environ: MutableMapping[str, str] = os.environ) -> str | None:
+def set_cuda_allocator(
+    recipe: Mapping, environ: MutableMapping[str, str] = os.environ, resolved: ResolvedRecipe | None = None
+) -> str | None:
     """Give torch's CUDA allocator expandable segments unless the user chose its settings; returns a line saying so,
-    or None when nothing was set. Must run before CUDA's first allocation.
+    or None when nothing was set. Must run before CUDA's first allocation. ``resolved``: the recipe's agents, if
+    known (read here otherwise).
 
     Why: RL generation grows a KV cache of a new length at every batch, which fragments the default allocator's
     fixed segments. On one H200 a Qwen3-4B-shaped LoRA agent reserved 71.8 GiB for 15.7 GiB allocated by default,
-    16.3 GiB with expandable segments. vLLM's sleep mode does not work with them (its memory pool), so a recipe with
-    colocated vLLM in sleep mode is left alone."""
+    16.3 GiB with expandable segments. vLLM's sleep mode does not work with them (its memory pool), so a launch in
+    which any agent colocates vLLM in sleep mode (the run's setting or the agent's own) is left alone."""
     if "PYTORCH_CUDA_ALLOC_CONF" in environ or "PYTORCH_ALLOC_CONF" in environ or recipe.get("use_cpu"):
         return None
-    if recipe.get("use_vllm") and recipe.get("vllm_enable_sleep_mode"):
+    if _vllm_sleeps(recipe, resolved):
         return None
     environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATOR
     return (
         f"hacpo-train: PYTORCH_CUDA_ALLOC_CONF={ALLOCATOR} (RL's growing KV caches fragment the default allocator's "
         "memory several-fold; set PYTORCH_CUDA_ALLOC_CONF yourself to choose otherwise)"
     )
+
+
+def _vllm_sleeps(recipe: Mapping, resolved: ResolvedRecipe | None) -> bool:
+    """Whether any agent of the recipe generates with vLLM in sleep mode: both keys may be set per agent."""
+    if resolved is None:
+        try:
+            resolved = resolve(recipe)
+        except (ValueError, TypeError):  # agents the recipe check will refuse: the run's keys alone
+            return bool(recipe.get("use_vllm") and recipe.get("vllm_enable_sleep_mode"))
+    return any(a.get("use_vllm") and a.get("vllm_enable_sleep_mode") for a in resolved.agents)
 
 
 def free_port() -> int:

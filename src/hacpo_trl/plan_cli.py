@@ -212,7 +212,7 @@ def build_plan(
             rows,
             _trl_fuses_lm_head(),
             prompt_tokens=prompts,
-            expandable_segments=allocator_expandable(recipe, environ),
+            expandable_segments=allocator_expandable(recipe, environ, resolved),
             resolved=agents,
         )
 
