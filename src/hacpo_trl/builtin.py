@@ -10,27 +10,14 @@ it from its seed (cached): builds differ between CPUs, so such an agent may diff
 
 from __future__ import annotations
 
-import os
 import sys
-from pathlib import Path
 
-__all__ = ["FROM_SEED", "PREFIX", "agents_root", "committed_agent", "resolve_model"]
+from .cache import AGENTS_ENV, agents_root
+
+__all__ = ["FROM_SEED", "PREFIX", "committed_agent", "resolve_model"]
 
 PREFIX = "builtin:"
 FROM_SEED = "@seed"  # `builtin:<name>@seed`: the agent built from its seed on this machine, not the committed copy
-AGENTS_ENV = "HACPO_AGENTS"
-
-
-def agents_root() -> Path | None:
-    """The folder of the committed agents: ``HACPO_AGENTS``, else ``benchmarks/agents`` of the repository this package
-    runs from (an editable install or a checkout); None for an installed package without it."""
-    if os.environ.get(AGENTS_ENV):
-        return Path(os.environ[AGENTS_ENV])
-    for parent in Path(__file__).resolve().parents:
-        if (parent / "pyproject.toml").is_file():
-            folder = parent / "benchmarks" / "agents"
-            return folder if folder.is_dir() else None
-    return None
 
 
 def committed_agent(name: str) -> str | None:

@@ -1,5 +1,5 @@
-"""Where built-in agents and built-in pretrained models are cached: one naming for both, below `demo` and
-`pretrained` so that neither has to import the other for it."""
+"""Where built-in agents and built-in pretrained models are cached, and where the committed agents are: one naming
+for all, below `demo`, `pretrained` and `builtin` so that none of them has to import another for it."""
 
 from __future__ import annotations
 
@@ -9,12 +9,27 @@ import json
 import os
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
-__all__ = ["build_lock", "cache_folder", "cache_root"]
+__all__ = ["AGENTS_ENV", "agents_root", "build_lock", "cache_folder", "cache_root"]
+
+AGENTS_ENV = "HACPO_AGENTS"
 
 
 def cache_root() -> str:
     return os.environ.get("HACPO_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "hacpo-trl"))
+
+
+def agents_root() -> Path | None:
+    """The folder of the committed agents: ``HACPO_AGENTS``, else ``benchmarks/agents`` of the repository this package
+    runs from (an editable install or a checkout); None for an installed package without it."""
+    if os.environ.get(AGENTS_ENV):
+        return Path(os.environ[AGENTS_ENV])
+    for parent in Path(__file__).resolve().parents:
+        if (parent / "pyproject.toml").is_file():
+            folder = parent / "benchmarks" / "agents"
+            return folder if folder.is_dir() else None
+    return None
 
 
 def cache_folder(name: str, spec, version: int | str, directory: str | None = None) -> str:
@@ -29,8 +44,6 @@ def builtin_name(path: str | None) -> str | None:
     else None: model cards name a built-in model as the user wrote it, not by its cache path."""
     if not isinstance(path, str):
         return None
-    from .builtin import agents_root
-
     committed = agents_root()
     if committed is not None and os.path.dirname(os.path.abspath(path)) == os.path.abspath(committed):
         return f"builtin:{os.path.basename(os.path.normpath(path))}"

@@ -15,18 +15,16 @@ import pickle
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch.distributed.distributed_c10d import AllgatherOptions
-
-if TYPE_CHECKING:  # only for the annotation: topology imports this module, never the reverse (no import cycle)
-    from .topology import AgentTopology
 
 __all__ = [
     "PROMPT_ID_COLUMN",
     "ExchangeError",
     "Exchange",
+    "ExchangeGroup",
     "RolloutBatch",
     "check_same_prompts",
     "end_startup",
@@ -119,6 +117,22 @@ def end_startup() -> None:
     _STARTING = False
 
 
+class ExchangeGroup(Protocol):
+    """What an exchange needs of the launch: :class:`~hacpo_trl.topology.AgentTopology` has it (`topology` imports
+    this module, never the reverse, not even for an annotation)."""
+
+    exchange_group: object | None
+    store: object | None
+    global_rank: int
+    global_world_size: int
+    timeout_seconds: float
+    startup_timeout_seconds: float | None
+
+    def describe_rank(self, global_rank: int) -> str: ...
+
+    def reported_failures(self, wait_seconds: float = 3.0) -> list[str]: ...
+
+
 class Exchange:
     """All-gather of picklable objects across every rank of every agent."""
 
@@ -145,7 +159,7 @@ class Exchange:
         except Exception:  # noqa: BLE001
             return []
 
-    def __init__(self, topology: AgentTopology):
+    def __init__(self, topology: ExchangeGroup):
         self.topology = topology
         self.last_bytes = 0
         self.last_wait = 0.0  # seconds waiting for the slowest process to arrive (idle, not exchange cost)

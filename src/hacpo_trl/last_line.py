@@ -7,7 +7,12 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["repeat_after_launcher"]
+__all__ = ["OneLineError", "repeat_after_launcher"]
+
+
+class OneLineError(RuntimeError):
+    """An error whose one-line message says all the user needs (a reward function that raised, say): a launch that
+    fails with it repeats the line after the launcher's traceback (`repeat_after_launcher`), as its last line."""
 
 
 # Run by `repeat_after_launcher` in a process of its own: wait until the launcher has exited (its pidfd becomes

@@ -18,6 +18,7 @@ import re
 import traceback
 from collections.abc import Callable
 
+from .last_line import OneLineError
 from .retokenize import completion_text
 
 __all__ = [
@@ -257,7 +258,7 @@ def no_reward_warning(step_rewards: dict[str, list[float]], reward_names: list[s
 CONTRACT = "docs/training.md#reward-functions"
 
 
-class RewardError(RuntimeError):
+class RewardError(OneLineError):
     """A reward function raised, or returned the wrong number of rewards. The message is one line naming the
     function, the phase and the types of the arguments it received; the function's own exception is chained."""
 

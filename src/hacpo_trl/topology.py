@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from .exchange import Exchange
+from .last_line import OneLineError, repeat_after_launcher
 from .placement import agent_slot, cuda_initialised_before_placement, place_process
 
 __all__ = ["AgentTopology", "at_exit", "current_topology", "exit_process", "init_agent_worlds"]
@@ -442,11 +443,7 @@ def _report_uncaught_exceptions() -> None:
             first = _TOPOLOGY.report_failure(f"{kind.__name__}: {value}")
             me = _TOPOLOGY.describe_rank(_TOPOLOGY.global_rank)
             print(f"hacpo: {me} failed: {kind.__name__}: {value}", file=sys.stderr, flush=True)
-            from .rewards import RewardError
-
-            if first and issubclass(kind, RewardError):  # a line of its own: also the console's last, once
-                from .last_line import repeat_after_launcher
-
+            if first and issubclass(kind, OneLineError):  # a line of its own: also the console's last, once
                 repeat_after_launcher(f"hacpo-train: error: {value}")
             _TOPOLOGY.wait_until_announced()
         previous(kind, value, traceback)
