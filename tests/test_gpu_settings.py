@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from hacpo_trl import HACPOConfig
-from hacpo_trl.config import SHARED_SETTINGS, check_vllm_servers
+from hacpo_trl.config import SHARED_SETTINGS
 from hacpo_trl.resolve import resolve
+from hacpo_trl.vllm_servers import check_vllm_servers
 
 COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False)
 

@@ -175,8 +175,8 @@ def build_plan(
     launch environment). Raises RecipeError, ValueError or OSError when an input cannot be read."""
     import dataclasses
 
-    from .config import check_vllm_servers, vllm_servers
     from .placement import allocator_expandable, node_gpu_count, share_gpus
+    from .vllm_servers import check_vllm_servers, vllm_servers
 
     if accelerate_config:
         if not os.path.isfile(accelerate_config):
