@@ -9,7 +9,7 @@ import os
 import statistics
 from pathlib import Path
 
-from hacpo_trl.placement import free_port  # noqa: F401  (the scripts' launches)
+from hacpo_trl.run.placement import free_port  # noqa: F401  (the scripts' launches)
 
 ROOT = Path(__file__).resolve().parents[1]
 

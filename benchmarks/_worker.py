@@ -20,9 +20,9 @@ def main() -> None:
     from trl import TrlParser
 
     from hacpo_trl.config import HACPOConfig
-    from hacpo_trl.rewards import get_reward_funcs
-    from hacpo_trl.topology import current_topology, exit_process
-    from hacpo_trl.train import HACPOScriptArguments, _run, check_recipe, load_recipe
+    from hacpo_trl.launch.train import HACPOScriptArguments, _run, check_recipe, load_recipe
+    from hacpo_trl.run.topology import current_topology, exit_process
+    from hacpo_trl.tasks.rewards import get_reward_funcs
 
     with open(sys.argv[1]) as f:
         jobs = json.load(f)

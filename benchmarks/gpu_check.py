@@ -241,9 +241,9 @@ def _instrument(out_dir: str) -> None:
 
 def _worker(out_dir: str, argv: list[str]) -> int:
     """One rank of the launch: placed first (as `hacpo-train` does), then instrumented, then trained."""
-    from hacpo_trl.bootstrap import place
-    from hacpo_trl.recipe import config_path, load_recipe
-    from hacpo_trl.train import main as train_main
+    from hacpo_trl.launch.bootstrap import place
+    from hacpo_trl.launch.recipe import config_path, load_recipe
+    from hacpo_trl.launch.train import main as train_main
 
     place(load_recipe(config_path(argv)), int(os.environ.get("WORLD_SIZE", "1") or 1))
     _instrument(out_dir)
@@ -259,8 +259,8 @@ def _measure(
     """Launch one recipe; its plan, report and table lines."""
     import yaml
 
-    from hacpo_trl.plan_cli import build_plan
-    from hacpo_trl.recipe import load_recipe
+    from hacpo_trl.launch.plan_cli import build_plan
+    from hacpo_trl.launch.recipe import load_recipe
 
     base = with_vllm(load_recipe(config)) if vllm else load_recipe(config)
     plan = build_plan(base, accelerate_config, device_gib)

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from _common import command, free_port, provenance, resolved, write_section  # noqa: E402
 from reproduce import GRID_PAIRS, METHODS, _flags  # noqa: E402
 
-from hacpo_trl.demo import PAIRS  # noqa: E402
+from hacpo_trl.agents.demo import PAIRS  # noqa: E402
 
 COMPARED = ("GSPO", "HACPO", "GSPO×2")
 ROWS = {"GSPO": 64, "HACPO": 128, "GSPO×2": 128}  # rows one agent trains on per generation batch

@@ -49,8 +49,8 @@ import _runs  # noqa: E402
 from _common import command, free_port, provenance, write_section  # noqa: E402
 from _runs import PEER_KEYS  # noqa: E402
 
-from hacpo_trl.demo import PAIRS  # noqa: E402
-from hacpo_trl.presets import SHARING_CHANGES  # noqa: E402
+from hacpo_trl.agents.demo import PAIRS  # noqa: E402
+from hacpo_trl.sharing.presets import SHARING_CHANGES  # noqa: E402
 
 # the paper's four pairs (the grid) and, measured apart: two agents of about equal strength, both built to the stronger
 # band, of different architecture and tokenizer (`--pairs equal`, recipes/tiny_equal.yaml), and two of one overall
@@ -360,8 +360,8 @@ HALF_RECORD = ("half", "greedy_accuracy_by_half", "sampled_accuracy", "sampled_a
 def _built_agents(pair: str) -> dict[str, dict]:
     """The pair's built-in agents as its runs load them (`builtin:<name>`: the committed ones, benchmarks/agents):
     the cache folder each was built as, steps, validation accuracy and band from each agent's ``hacpo_build.json``."""
-    from hacpo_trl.builtin import resolve_model
-    from hacpo_trl.demo import build_record
+    from hacpo_trl.agents.builtin import resolve_model
+    from hacpo_trl.agents.demo import build_record
 
     built = {}
     for agent in PAIR_AGENTS[pair]:
@@ -378,7 +378,7 @@ def weaker_agent(pair: str, built: dict[str, dict] | None) -> str:
     when both are built to one band (`equal`, `complement`), the one with the lower sampled validation accuracy at
     build (`built`: the pair's `AGENTS_RECORD`), what HACPO's capability P̂ measures. Named in results.json so that
     readers need not infer it from greedy accuracy, which ranks the size pair the other way."""
-    from hacpo_trl.demo import BUILTIN_AGENTS
+    from hacpo_trl.agents.demo import BUILTIN_AGENTS
 
     agents = PAIR_AGENTS[pair]
     bands = [tuple(BUILTIN_AGENTS[a].band) for a in agents]

@@ -27,7 +27,7 @@ PROMPTS, GENERATIONS = 16, 4  # the recipe's generation batch: per_device_train_
 
 
 def _prompt_ids(tok) -> list[list[int]]:
-    from hacpo_trl.tasks import arithmetic_splits
+    from hacpo_trl.tasks.data import arithmetic_splits
 
     rows = arithmetic_splits()["train"].select(range(PROMPTS))
     ids = [
@@ -43,7 +43,7 @@ def _agent(name: str, lengths: list[int], repetitions: int) -> list[dict]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from hacpo_trl.builtin import resolve_model
+    from hacpo_trl.agents.builtin import resolve_model
 
     path = resolve_model(f"builtin:{name}")
     tok = AutoTokenizer.from_pretrained(path, padding_side="left")

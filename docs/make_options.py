@@ -2,9 +2,9 @@
 
     python docs/make_options.py        # or: make docs
 
-The docstrings of `HACPOConfig` (src/hacpo_trl/config.py), of `SharingFields` (src/hacpo_trl/sharing_settings.py, the
+The docstrings of `HACPOConfig` (src/hacpo_trl/config.py), of `SharingFields` (src/hacpo_trl/sharing/settings.py, the
 per-learner sharing settings `HACPOConfig` inherits; its entries go where `HACPOConfig`'s docstring names it) and of
-`AgentSpec` (src/hacpo_trl/resolve.py) are the one home of what each option means; this file only reformats them
+`AgentSpec` (src/hacpo_trl/run/resolve.py) are the one home of what each option means; this file only reformats them
 (read with `ast`, so nothing is imported: no torch, no trl). A field declared in `HACPOConfig` or `SharingFields`
 without an entry in a docstring is listed at the end with its one-line `help`. `tests/test_docs.py` fails when the committed
 docs/options.md differs from what this script writes.
@@ -19,13 +19,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "src" / "hacpo_trl" / "config.py"
-SHARING = ROOT / "src" / "hacpo_trl" / "sharing_settings.py"
-AGENT = ROOT / "src" / "hacpo_trl" / "resolve.py"
+SHARING = ROOT / "src" / "hacpo_trl" / "sharing" / "settings.py"
+AGENT = ROOT / "src" / "hacpo_trl" / "run" / "resolve.py"
 OPTIONS = ROOT / "docs" / "options.md"
 # a HACPOConfig entry: "name (`type`, *optional*, defaults to `x`):", or "a / b (...)" for two names at once
 ENTRY = re.compile(r"^(?P<names>\w+(?: / \w+)*) \((?P<kind>.+)\):$")
 # the line of HACPOConfig's docstring where the entries of an inherited class's docstring go
-INHERITED = re.compile(r"fields of :class:`~hacpo_trl\.sharing\.(?P<cls>\w+)`")
+INHERITED = re.compile(r"fields of :class:`~hacpo_trl\.sharing\.settings\.(?P<cls>\w+)`")
 ARG = re.compile(r"^(?P<name>\w+): (?P<text>.*)$")  # an AgentSpec entry: "name: what it is"
 
 
@@ -110,7 +110,7 @@ def render(config_source: str, agent_source: str, sharing_source: str) -> str:
         "# Options reference",
         "",
         "<!-- Written by `python docs/make_options.py` (`make docs`) from the docstrings of `HACPOConfig` "
-        "(src/hacpo_trl/config.py) and `AgentSpec` (src/hacpo_trl/resolve.py); edit those, not this file. -->",
+        "(src/hacpo_trl/config.py) and `AgentSpec` (src/hacpo_trl/run/resolve.py); edit those, not this file. -->",
         "",
         "Every field below is a key of a YAML recipe, a `--flag` of `hacpo-train` and an argument of `HACPOConfig`. "
         "Every field of TRL's `GRPOConfig` and transformers' `TrainingArguments` works as well (`hacpo-train "

@@ -57,7 +57,7 @@ def launch():
 @pytest.fixture(scope="session", autouse=True)
 def builtin_cache(tmp_path_factory):
     """One cache of the built-in agents for the whole session, built on first use, never the user's own: shared by
-    the test workers of `make test` (pytest-xdist), which wait for each other's builds (`hacpo_trl.cache.build_lock`).
+    the test workers of `make test` (pytest-xdist), which wait for each other's builds (`hacpo_trl.agents.cache.build_lock`).
     Every test and every process it starts sees it through ``HACPO_CACHE``."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker has its own base below the session's

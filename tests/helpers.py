@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import torch
 
-from hacpo_trl.exchange import RolloutBatch
-from hacpo_trl.placement import free_port
-from hacpo_trl.tiny import bpe_tokenizer
+from hacpo_trl.agents.tiny import bpe_tokenizer
+from hacpo_trl.run.exchange import RolloutBatch
+from hacpo_trl.run.placement import free_port
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from hacpo_trl import balance
+from hacpo_trl.planning import balance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,7 @@ def test_split_of_the_paper_pair_by_hand():
 def test_plan_prints_idle_and_split_for_the_paper_pair(capsys, monkeypatch, tmp_path):
     import shutil
 
-    from hacpo_trl.plan_cli import main as plan_main
+    from hacpo_trl.launch.plan_cli import main as plan_main
 
     cache = tmp_path / "hub"
     for config in (ROOT / "tests" / "fixtures" / "model_configs").glob("*/*/config.json"):
@@ -84,8 +84,8 @@ def test_plan_prints_idle_and_split_for_the_paper_pair(capsys, monkeypatch, tmp_
 
 def _untrained_copy(name: str, folder: Path) -> str:
     """A built-in agent's architecture and tokenizer, untrained: the same work per token, no warm-up to build."""
-    from hacpo_trl.demo import BUILTIN_AGENTS
-    from hacpo_trl.tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
+    from hacpo_trl.agents.demo import BUILTIN_AGENTS
+    from hacpo_trl.agents.tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
 
     spec = BUILTIN_AGENTS[name]
     tok = char_tokenizer() if spec.architecture == "llama" else bpe_tokenizer()
@@ -103,7 +103,7 @@ def test_the_plan_says_the_smaller_agent_of_the_size_pair_waits(tmp_path, capsys
     import json
     import re
 
-    from hacpo_trl.plan_cli import main as plan_main
+    from hacpo_trl.launch.plan_cli import main as plan_main
 
     recipe = ROOT / "recipes" / "tiny_size.yaml"
     agents = [

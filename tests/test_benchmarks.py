@@ -121,7 +121,7 @@ def test_method_settings_name_the_pairs_stronger_agent_and_the_run_length(tmp_pa
     argv = reproduce._argv("state", "HACPO peer fade", settings, updates, 100, args)
     assert argv[argv.index("--peer_fade_steps") + 1] == "48" and argv[argv.index("--eval_split") + 1] == "validation"
     assert set(reproduce.STRONGER) == set(reproduce.GRID_PAIRS)
-    from hacpo_trl.demo import BUILTIN_AGENTS
+    from hacpo_trl.agents.demo import BUILTIN_AGENTS
 
     bands = {name: agent.band for name, agent in BUILTIN_AGENTS.items()}
     assert all(bands[reproduce.STRONGER[p]] == max(bands[n] for n in reproduce.PAIRS[p]) for p in reproduce.GRID_PAIRS)
@@ -196,7 +196,7 @@ def test_device_cuda_runs_each_pair_from_a_one_gpu_copy_of_its_recipe(tmp_path, 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import reproduce
 
-    from hacpo_trl.train import check_recipe, load_recipe
+    from hacpo_trl.launch.train import check_recipe, load_recipe
 
     args = argparse.Namespace(out=tmp_path, steps=4, eval_every=0, split="test", learning_rate=None, pair_steps={})
     args.device = "cuda"

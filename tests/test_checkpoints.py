@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from hacpo_trl.checkpoints import (
+from hacpo_trl.run.checkpoints import (
     STATE_FILE,
     check_same_start,
     complete_checkpoints,
@@ -62,7 +62,7 @@ B_MAIN = ("B", True, [2, 4], True)
 
 def test_resume_from_the_newest_step_every_agent_completed(caplog):
     complete = {2: "a/checkpoint-2", 4: "a/checkpoint-4", 6: "a/checkpoint-6"}
-    with caplog.at_level(logging.WARNING, logger="hacpo_trl.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="hacpo_trl.run.checkpoints"):
         assert resume_checkpoint("A", complete, [A_MAIN, A_OTHER, B_MAIN], describe) == "a/checkpoint-4"
     assert "agent 'A': resuming from step 4, not from incomplete or unshared [6]" in caplog.text
     caplog.clear()
@@ -91,7 +91,7 @@ def test_agents_must_start_from_one_step():
 
 
 def test_save_state_completes_a_step_and_resume_from_checkpoint_is_read(tmp_path):
-    from hacpo_trl.checkpoints import chosen_checkpoint, save_state
+    from hacpo_trl.run.checkpoints import chosen_checkpoint, save_state
 
     (tmp_path / "checkpoint-4").mkdir()
     save_state(str(tmp_path), "A", 4, {"steps": 4})
@@ -110,7 +110,7 @@ def test_restore_state_and_the_deferred_save_total_limit(tmp_path):
     from types import SimpleNamespace
 
     from hacpo_trl.algorithm import CapabilityTracker
-    from hacpo_trl.checkpoints import deferred_limit, restore_state, save_state
+    from hacpo_trl.run.checkpoints import deferred_limit, restore_state, save_state
 
     saved = CapabilityTracker(["A", "B"])
     saved.update({"A": [1, 0], "B": [1, 1]})
@@ -129,7 +129,7 @@ def test_restore_state_and_the_deferred_save_total_limit(tmp_path):
 
 def _saved(run, agent, *steps, owner=None):
     """``run/agent/checkpoint-<step>`` folders that finished saving (owner: the agent their state names)."""
-    from hacpo_trl.checkpoints import save_state
+    from hacpo_trl.run.checkpoints import save_state
 
     for step in steps:
         (run / agent / f"checkpoint-{step}").mkdir(parents=True)
@@ -140,7 +140,7 @@ def _saved(run, agent, *steps, owner=None):
 def test_a_resume_path_means_its_step_for_every_agent_each_from_its_own_folder(tmp_path):
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR as TRANSFORMERS_PREFIX
 
-    from hacpo_trl.checkpoints import PREFIX_CHECKPOINT_DIR, agent_checkpoints
+    from hacpo_trl.run.checkpoints import PREFIX_CHECKPOINT_DIR, agent_checkpoints
 
     assert PREFIX_CHECKPOINT_DIR == TRANSFORMERS_PREFIX
     dirs = {"a": _saved(tmp_path, "a", 2, 4), "b": _saved(tmp_path, "b", 2, 4)}
@@ -160,7 +160,7 @@ def test_a_resume_path_means_its_step_for_every_agent_each_from_its_own_folder(t
     ["empty folder", "missing", "output folder", "a step one agent lacks", "another agent's", "outside", "no common"],
 )
 def test_a_resume_that_cannot_work_is_refused_in_one_line_naming_the_fix(tmp_path, case):
-    from hacpo_trl.checkpoints import agent_checkpoints
+    from hacpo_trl.run.checkpoints import agent_checkpoints
 
     dirs = {"a": _saved(tmp_path, "a", 2, 4), "b": _saved(tmp_path, "b", 2)}
     (tmp_path / "empty").mkdir()

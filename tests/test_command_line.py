@@ -6,9 +6,10 @@ import os
 import pytest
 import yaml
 
-from hacpo_trl import placement, train
-from hacpo_trl.checkpoints import chosen_checkpoint, resumed_line
-from hacpo_trl.recipe import RecipeError
+from hacpo_trl.launch import train
+from hacpo_trl.launch.recipe import RecipeError
+from hacpo_trl.run import placement
+from hacpo_trl.run.checkpoints import chosen_checkpoint, resumed_line
 
 
 def test_share_gpus_on_the_command_line_places_the_process_as_the_config_will(tmp_path, monkeypatch):
@@ -38,7 +39,7 @@ def test_a_launch_reads_the_recipe_once_and_checks_it_once(tmp_path, monkeypatch
     """`hacpo-train` reads the YAML file once: the checks, the placement and the argument parser get the mapping
     read (the parser once read the file again), and the checks before any ML library run once (they ran twice,
     once more inside the recipe check); `--plan` alike."""
-    from hacpo_trl import recipe as recipe_module
+    from hacpo_trl.launch import recipe as recipe_module
 
     written = {"agents": [{"name": "a", "model_name_or_path": "builtin:tiny-llama"}], "use_cpu": True,
                "output_dir": str(tmp_path / "out"), "max_steps": 1, "report_to": "none", "env": {"HACPO_SEEN": "1"}}  # fmt: skip
@@ -85,7 +86,7 @@ def test_the_probe_reads_the_recipe_with_its_flags_as_training_does():
     own `--prompts` and `--output` left out), as `hacpo-train` does."""
     from pathlib import Path
 
-    from hacpo_trl.probe import _effective_recipe
+    from hacpo_trl.launch.probe import _effective_recipe
 
     path = str(Path(__file__).resolve().parents[1] / "recipes" / "tiny_size.yaml")
     argv = ["--config", path, "--sharing", "recommended", "--prompts", "16", "--output=p.json", "--share_gpus", "true"]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoConfig, AutoTokenizer
 
-from hacpo_trl import builtin, demo
-from hacpo_trl.cache import builtin_name
+from hacpo_trl.agents import builtin, demo
+from hacpo_trl.agents.cache import builtin_name
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENTS = ROOT / "benchmarks" / "agents"

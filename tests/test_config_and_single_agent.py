@@ -1,12 +1,14 @@
 """`HACPOConfig` resolution and validation, and one agent without sharing == TRL's own GSPO."""
 
+import os
+
 import pytest
 import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from hacpo_trl import AgentSpec, HACPOConfig, HACPOTrainer
-from hacpo_trl.tiny import char_tokenizer, tiny_llama
+from hacpo_trl.agents.tiny import char_tokenizer, tiny_llama
 from helpers import seeded
 
 COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False)
@@ -87,13 +89,39 @@ def test_num_generations_must_divide_the_batch(tmp_path):
 
 def test_each_process_must_hold_whole_prompt_groups_to_share(tmp_path):
     """TRL only checks the generation batch of the agent's whole world; sharing matches peers' completions prompt by
-    prompt inside each process, so HACPO checks each process's share (before talking to any other agent)."""
+    prompt inside each process, so HACPO checks each process's share (in the config, before any exchange)."""
     cfg = HACPOConfig(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=4, **COMMON)
     cfg.per_device_train_batch_size = 1  # as on an agent of 4 processes: TRL sees 4 x 1 row, a whole group
     with pytest.raises(
         ValueError, match=r"per_device_train_batch_size x steps_per_generation = 1 .* num_generations = 4"
     ):
-        cfg._agree_with_other_agents(topology=None)
+        cfg._check_whole_prompt_groups()
+
+
+def test_a_config_makes_no_exchange_and_writes_no_environment(tmp_path, monkeypatch):
+    """Creating the config of one agent of two splits the launch into agent worlds (faked here) and nothing more: the
+    agreement between agents, an exchange over the whole launch that also writes the wandb run group into the
+    environment, is `agree_with_other_agents`, which the trainer calls before it loads the model. It used to run
+    inside `__post_init__`."""
+    import types
+
+    import hacpo_trl.config as config_module
+    from hacpo_trl.run.exchange import Exchange
+
+    topology = types.SimpleNamespace(agent="a", global_rank=0)
+    monkeypatch.setattr(config_module, "init_agent_worlds", lambda *args, **kwargs: topology)
+    monkeypatch.setattr(config_module, "current_topology", lambda: topology)
+    gathered = []
+    monkeypatch.setattr(Exchange, "all_gather", lambda self, obj, what="": gathered.append(what) or [obj])
+    monkeypatch.delenv("WANDB_RUN_GROUP", raising=False)
+    agents = [{"name": "a", "model_name_or_path": "x"}, {"name": "b", "model_name_or_path": "y"}]
+    cfg = HACPOConfig(output_dir=str(tmp_path / "run"), agents=agents, **COMMON)  # agent a saves to run/a
+    assert (cfg.agent_name, gathered, os.environ.get("WANDB_RUN_GROUP")) == ("a", [], None)
+    try:
+        cfg.agree_with_other_agents()
+        assert gathered == ["start-up settings"] and os.environ["WANDB_RUN_GROUP"].startswith("run-")
+    finally:
+        os.environ.pop("WANDB_RUN_GROUP", None)
 
 
 def test_hacpo_fields_never_shadow_trl_fields_with_another_meaning():

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from hacpo_trl.placement import compute_placement
+from hacpo_trl.run.placement import compute_placement
 from helpers import accelerate_launch
 
 pytestmark = [pytest.mark.devices, pytest.mark.timeout(300)]
@@ -53,7 +53,7 @@ def test_cuda_initialised_by_an_import_before_the_setup_fails_loudly(tmp_path):
     proc, places = probe(tmp_path, 2, "--counts", "1,1", "--gpus", "2", "--cuda_before")
     assert proc.returncode != 0, f"ran with GPUs {[p['physical_gpu'] for p in places]}"
     assert "CUDA was initialised before HACPO restricted CUDA_VISIBLE_DEVICES" in proc.stderr
-    assert "hacpo_trl.placement.place_process" in proc.stderr
+    assert "hacpo_trl.run.placement.place_process" in proc.stderr
 
 
 @pytest.mark.launch
@@ -224,7 +224,7 @@ def test_placement_with_shared_gpus():
 
 
 def test_node_gpu_count_reads_the_driver_folder(tmp_path):
-    from hacpo_trl.placement import node_gpu_count
+    from hacpo_trl.run.placement import node_gpu_count
 
     assert node_gpu_count(str(tmp_path / "absent"), str(tmp_path / "no-nvidia-smi")) is None
     smi = tmp_path / "nvidia-smi"
@@ -238,10 +238,10 @@ def test_node_gpu_count_reads_the_driver_folder(tmp_path):
 
 def test_share_gpus_is_one_setting_of_the_launch():
     """The value is checked by `placement.share_gpus`; an agent setting it for itself (as a field or an override)
-    where agents are read (`hacpo_trl.resolve`), so the checks before any ML library loads refuse it."""
-    from hacpo_trl.placement import share_gpus
-    from hacpo_trl.recipe import RecipeError, preflight
-    from hacpo_trl.resolve import resolve
+    where agents are read (`hacpo_trl.run.resolve`), so the checks before any ML library loads refuse it."""
+    from hacpo_trl.launch.recipe import RecipeError, preflight
+    from hacpo_trl.run.placement import share_gpus
+    from hacpo_trl.run.resolve import resolve
 
     assert share_gpus({}) is False and share_gpus({"share_gpus": True}) is True
     with pytest.raises(ValueError, match="recipe key 'share_gpus' must be true or false, got 'yes'"):
@@ -283,7 +283,7 @@ def test_hacpo_train_places_a_shared_gpu_before_importing_trl(tmp_path):
 
 
 def test_the_allocator_gets_expandable_segments_unless_the_user_chose():
-    from hacpo_trl.placement import set_cuda_allocator
+    from hacpo_trl.run.placement import set_cuda_allocator
 
     env = {}
     said = set_cuda_allocator({}, env)
@@ -301,8 +301,8 @@ def test_the_allocator_gets_expandable_segments_unless_the_user_chose():
 def test_an_agents_own_vllm_sleep_mode_keeps_the_allocator_as_it_is():
     """`use_vllm` and `vllm_enable_sleep_mode` may be set for one agent (`overrides`): the allocator and `--plan` used
     to read the run's keys only, so such a launch got expandable segments, which vLLM's sleep mode cannot use."""
-    from hacpo_trl.placement import allocator_expandable, set_cuda_allocator
-    from hacpo_trl.resolve import resolve
+    from hacpo_trl.run.placement import allocator_expandable, set_cuda_allocator
+    from hacpo_trl.run.resolve import resolve
 
     sleeping = {"use_vllm": True, "vllm_enable_sleep_mode": True}
     recipe = {"agents": [{"name": "a", "model_name_or_path": "x", "overrides": sleeping},

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hacpo_trl.presets import SHARING_CHANGES
+from hacpo_trl.sharing.presets import SHARING_CHANGES
 
 ROOT = Path(__file__).resolve().parents[1]
 LINKED = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "benchmarks").glob("*.md"))]
@@ -86,7 +86,7 @@ def test_a_broken_link_is_caught(tmp_path):
 def test_options_reference_is_current():
     make_options = _module(ROOT / "docs" / "make_options.py")
     package = ROOT / "src" / "hacpo_trl"
-    sources = (package / "config.py", package / "resolve.py", package / "sharing_settings.py")
+    sources = (package / "config.py", package / "run" / "resolve.py", package / "sharing" / "settings.py")
     expected = make_options.render(*(path.read_text() for path in sources))
     assert (ROOT / "docs" / "options.md").read_text() == expected, (
         "docs/options.md is stale: run `make docs` (python docs/make_options.py) and commit it"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from hacpo_trl import evaluate as ev
-from hacpo_trl.tasks import arithmetic_splits
-from hacpo_trl.tiny import char_tokenizer, tiny_llama
+from hacpo_trl.agents.tiny import char_tokenizer, tiny_llama
+from hacpo_trl.evaluation import evaluate as ev
+from hacpo_trl.tasks.data import arithmetic_splits
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "model_configs"
 GIB = 2**30
@@ -63,7 +63,7 @@ def test_eval_uses_the_agents_training_chat_template_kwargs(tmp_path, monkeypatc
     tiny_llama(tok).save_pretrained(agent)
     tok.save_pretrained(agent)
     # what `hacpo-train` records next to the agent at save (train._write_task_record)
-    from hacpo_trl.train import _write_task_record
+    from hacpo_trl.launch.train import _write_task_record
 
     config = types.SimpleNamespace(output_dir=str(agent), max_completion_length=64)
     config.chat_template_kwargs = {"enable_thinking": False}

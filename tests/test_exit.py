@@ -19,8 +19,8 @@ from datasets import Dataset
 from trl.generation.vllm_client import VLLMClient
 
 from hacpo_trl import HACPOConfig, HACPOTrainer
-from hacpo_trl.tiny import char_tokenizer, tiny_llama
-from hacpo_trl.topology import exit_process
+from hacpo_trl.agents.tiny import char_tokenizer, tiny_llama
+from hacpo_trl.run.topology import exit_process
 
 marker = sys.argv[1]
 
@@ -47,8 +47,8 @@ class StandIn:
 
 
 grpo.VLLMGeneration = StandIn
-import hacpo_trl.vllm_cpu
-hacpo_trl.vllm_cpu.check = lambda *args: None  # the stand-in plays a GPU machine's server (refused on the CPU)
+import hacpo_trl.generation.vllm_cpu
+hacpo_trl.generation.vllm_cpu.check = lambda *args: None  # the stand-in plays a GPU machine's server (refused on the CPU)
 tok = char_tokenizer()
 args = HACPOConfig(output_dir=sys.argv[2], use_cpu=True, bf16=False, report_to="none", use_vllm=True,
                    vllm_mode="server", vllm_importance_sampling_correction=False, per_device_train_batch_size=2,

@@ -6,7 +6,7 @@ import io
 import pytest
 
 from hacpo_trl import HACPOConfig
-from hacpo_trl.schedule import generation_groups_problem
+from hacpo_trl.run.schedule import generation_groups_problem
 
 COMMON = dict(use_cpu=True, bf16=False, report_to="none")
 
@@ -34,7 +34,7 @@ def test_a_batch_that_splits_prompt_groups_names_the_values_that_fit(tmp_path):
 
 
 def test_a_build_says_where_it_stands_at_most_every_30_seconds():
-    from hacpo_trl.demo import BUILTIN_AGENTS, BuildProgress
+    from hacpo_trl.agents.demo import BUILTIN_AGENTS, BuildProgress
 
     now = [0.0]
     out = io.StringIO()
@@ -56,8 +56,8 @@ PRESET = ["--peer_filter", "correct", "--peer_prompts", "failed", "--taught_rati
 def _one_gpu_math_plan(*flags: str):
     from pathlib import Path
 
-    from hacpo_trl.plan_cli import build_plan
-    from hacpo_trl.recipe import load_recipe
+    from hacpo_trl.launch.plan_cli import build_plan
+    from hacpo_trl.launch.recipe import load_recipe
 
     root = Path(__file__).resolve().parents[1]
     args = ["--task", "math", "--reward_funcs", "math_verify", *PRESET, *flags]
@@ -68,7 +68,7 @@ def _one_gpu_math_plan(*flags: str):
 def test_a_plan_that_does_not_fit_says_the_nearest_change_of_each_kind_that_fits():
     """The one-GPU shapes pair on `task: math` with the preset needs more than an 80 GB GPU; `--plan` says which
     micro-batch, completion length or placement fits, and each of them, planned on its own, does."""
-    from hacpo_trl.plan import format_plan
+    from hacpo_trl.planning.plan import format_plan
 
     plan = _one_gpu_math_plan()
     assert not plan.ok and len(plan.fixes) == 3

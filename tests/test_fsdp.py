@@ -51,17 +51,17 @@ def test_held_out_evaluation_runs_on_every_rank_when_forwards_are_collective(mon
 
     import torch
 
-    import hacpo_trl.evaluate
-    from hacpo_trl.train import _evaluate
+    import hacpo_trl.evaluation.evaluate
+    from hacpo_trl.launch.train import _evaluate
 
     calls, free, rank_now = [], {0: 10 * 2**30, 1: 6 * 2**30}, []
     monkeypatch.setattr(
-        hacpo_trl.evaluate,
+        hacpo_trl.evaluation.evaluate,
         "evaluate_model",
         lambda *a, **k: calls.append(k["memory_bytes"]) or SimpleNamespace(avg_at_k=0.5),
     )
-    monkeypatch.setattr(hacpo_trl.evaluate, "_free_bytes", lambda device: free[rank_now[-1]])  # as on a GPU
-    monkeypatch.setattr("hacpo_trl.rewards.get_reward_funcs", lambda names: [None])
+    monkeypatch.setattr(hacpo_trl.evaluation.evaluate, "_free_bytes", lambda device: free[rank_now[-1]])  # as on a GPU
+    monkeypatch.setattr("hacpo_trl.tasks.rewards.get_reward_funcs", lambda names: [None])
 
     class Rows(list):  # the held-out split: a datasets.Dataset in the CLI
         def select(self, rows):

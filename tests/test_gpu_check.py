@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hacpo_trl.plan import GIB, Launch, ModelDims, make_plan
-from hacpo_trl.plan_cli import build_plan
-from hacpo_trl.recipe import check_recipe, load_recipe
+from hacpo_trl.launch.plan_cli import build_plan
+from hacpo_trl.launch.recipe import check_recipe, load_recipe
+from hacpo_trl.planning.plan import GIB, Launch, ModelDims, make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"

@@ -11,10 +11,10 @@ import pytest
 import torch
 import yaml
 
+from hacpo_trl.agents.tiny import char_tokenizer, tiny_llama
 from hacpo_trl.config import HACPOConfig
-from hacpo_trl.loading import check_trainable_precision
-from hacpo_trl.tiny import char_tokenizer, tiny_llama
-from hacpo_trl.trackers import check_trackers
+from hacpo_trl.launch.trackers import check_trackers
+from hacpo_trl.training.loading import check_trainable_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False)
@@ -110,7 +110,7 @@ def test_wandb_without_credentials_falls_back_to_offline_with_one_warning(no_wan
 
 
 def test_wandb_not_installed_stops_before_any_model_is_loaded(no_wandb_login, monkeypatch, capsys, tmp_path):
-    """Through `hacpo_trl.train.main`: the model is a Hub id that cannot be reached here, so reaching the model load
+    """Through `hacpo_trl.launch.train.main`: the model is a Hub id that cannot be reached here, so reaching the model load
     would fail with another message; the tracker check comes first and exits 2 with one line. (A local folder that
     does not exist is refused even earlier, by the recipe's pre-load checks.)"""
     import importlib.util
@@ -124,7 +124,7 @@ def test_wandb_not_installed_stops_before_any_model_is_loaded(no_wandb_login, mo
     recipe |= {"reward_funcs": ["arithmetic_trace"]}
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    from hacpo_trl.train import main
+    from hacpo_trl.launch.train import main
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert main(["--config", str(path)]) == 2

@@ -12,8 +12,8 @@ import torch
 
 from hacpo_trl import HACPOConfig
 from hacpo_trl.config import SHARED_SETTINGS
-from hacpo_trl.resolve import resolve
-from hacpo_trl.vllm_servers import check_vllm_servers
+from hacpo_trl.generation.vllm_servers import check_vllm_servers
+from hacpo_trl.run.resolve import resolve
 
 COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False)
 
@@ -131,8 +131,8 @@ def test_two_agents_generation_seeds_differ(monkeypatch):
     get engine seeds 1 and 5; without the offset both would get 1. The data-order seed stays a shared setting."""
     from trl.generation import vllm_generation
 
-    from hacpo_trl import topology
-    from hacpo_trl.vllm_seed import use_agent_engine_seeds
+    from hacpo_trl.generation.vllm_seed import use_agent_engine_seeds
+    from hacpo_trl.run import topology
 
     seeds = []
 
@@ -175,7 +175,7 @@ def _saved(tmp_path, name, config):
 def test_eval_places_the_model_on_the_accelerator_in_its_training_dtype(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from hacpo_trl.evaluate import eval_placement, load_for_eval
+    from hacpo_trl.evaluation.evaluate import eval_placement, load_for_eval
 
     bf16 = _saved(tmp_path, "bf16", {"dtype": "bfloat16"})
     fp32 = _saved(tmp_path, "fp32", {"torch_dtype": "float32"})
@@ -205,10 +205,10 @@ def test_eval_places_the_model_on_the_accelerator_in_its_training_dtype(tmp_path
 
 
 def test_vllm_eval_of_a_lora_agent_serves_the_base_with_the_adapter(tmp_path, monkeypatch):
-    from hacpo_trl.evaluate import evaluate_with_vllm
-    from hacpo_trl.rewards import arithmetic_exact_match
-    from hacpo_trl.tasks import arithmetic_splits
-    from hacpo_trl.tiny import char_tokenizer
+    from hacpo_trl.agents.tiny import char_tokenizer
+    from hacpo_trl.evaluation.evaluate import evaluate_with_vllm
+    from hacpo_trl.tasks.data import arithmetic_splits
+    from hacpo_trl.tasks.rewards import arithmetic_exact_match
 
     built, generated = [], []
 

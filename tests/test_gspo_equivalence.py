@@ -9,8 +9,8 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
+from hacpo_trl.agents.tiny import char_tokenizer, tiny_llama
 from hacpo_trl.algorithm import HACPOLossConfig, hacpo_loss
-from hacpo_trl.tiny import char_tokenizer, tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -10,41 +10,73 @@ import hacpo_trl
 PACKAGE = Path(hacpo_trl.__file__).parent
 
 
-def _runtime_imports(module: str) -> set[str]:
-    """The package modules ``module`` imports at run time (anywhere, lazily too; ``if TYPE_CHECKING:`` excluded)."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
-    typing_only = {
-        id(n)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
-        for n in ast.walk(node)
-    }
+def _module_files() -> dict[str, Path]:
+    """Every module of the package by its dotted name below `hacpo_trl` (``run.exchange``; a subpackage's
+    ``__init__.py`` by the subpackage's name, the package's own by "")."""
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = _module_files()
+
+
+def _imports(module: str, typing: bool = False) -> set[str]:
+    """The package modules ``module`` imports, at the top or inside a function alike (lazily); ``if TYPE_CHECKING:``
+    blocks only with ``typing``. A name imported from a module counts as that module."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text())
+    here = module.split(".") if module else []
+    package = here if path.name == "__init__.py" else here[:-1]
+    typing_only = set()
+    if not typing:
+        typing_only = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
+            for n in ast.walk(node)
+        }
     found = set()
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom | ast.Import):
-            names = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
-            found |= {n.split(".")[1] for n in names if n and n.startswith("hacpo_trl.")}
-    return found
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1] + (node.module.split(".") if node.module else [])
+            elif node.module == "hacpo_trl" or (node.module or "").startswith("hacpo_trl."):
+                base = node.module.split(".")[1:]
+            else:
+                continue
+            targets = [[*base, a.name] for a in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [a.name.split(".")[1:] for a in node.names if a.name.startswith("hacpo_trl.")]
+        else:
+            continue
+        for target in targets:
+            while target and ".".join(target) not in MODULES:
+                target = target[:-1]  # a name defined in the module, not a module
+            if target:
+                found.add(".".join(target))
+    return found - {module}
 
 
 def test_exchange_never_imports_topology():
-    assert "topology" not in _runtime_imports("exchange")
-    assert "exchange" in _runtime_imports("topology")  # the one direction (the check above is not vacuous)
+    assert "run.topology" not in _imports("run.exchange", typing=True)
+    assert "run.exchange" in _imports("run.topology")  # the one direction (the check above is not vacuous)
 
 
 def test_exchange_alone_in_a_fresh_interpreter():
-    code = "import sys, hacpo_trl.exchange; print('hacpo_trl.topology' in sys.modules)"
+    code = "import sys, hacpo_trl.run.exchange; print('hacpo_trl.run.topology' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
 
 
-def _import_graph() -> dict[str, set[str]]:
-    modules = {p.stem for p in PACKAGE.glob("*.py")}
-    return {m: (_runtime_imports(m) & modules) - {m} for m in modules}
+def _import_graph(typing: bool = False) -> dict[str, set[str]]:
+    """Module -> the modules it imports; subpackages' ``__init__`` files hold docstrings only and are left out."""
+    modules = {m for m, path in MODULES.items() if path.name != "__init__.py"}
+    return {m: _imports(m, typing) & modules for m in modules}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -84,9 +116,9 @@ def test_cycle_finder_sees_a_cycle():
 
 
 def test_no_import_cycle_in_the_package():
-    """Static check over every module's imports, module-level and function-level (lazy) alike, ``TYPE_CHECKING``
-    blocks excluded: no module may reach itself. Recipe reading lives in `recipe` (not train <-> plan_cli) and the
-    cache-folder naming in `cache` (not demo <-> pretrained)."""
-    graph = _import_graph()
-    assert "recipe" in graph["train"] and "recipe" in graph["plan_cli"]  # the graph is real (not vacuous)
+    """Static check over every module's imports, module-level, function-level (lazy) and ``TYPE_CHECKING`` alike: no
+    module may reach itself. Recipe reading lives in `launch.recipe` (not train <-> plan_cli) and the cache-folder
+    naming in `agents.cache` (not demo <-> pretrained)."""
+    graph = _import_graph(typing=True)
+    assert "launch.recipe" in graph["launch.train"] and "launch.recipe" in graph["launch.plan_cli"]  # not vacuous
     assert _cycles(graph) == []

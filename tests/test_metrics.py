@@ -1,9 +1,9 @@
-"""`hacpo_trl.metrics`: the logged loss and peer-row metrics from per-row tensors, summed over ranks by hand."""
+"""`hacpo_trl.training.metrics`: the logged loss and peer-row metrics from per-row tensors, summed over ranks by hand."""
 
 import pytest
 import torch
 
-from hacpo_trl.metrics import (
+from hacpo_trl.training.metrics import (
     LOSS_SUMS,
     capability_metrics,
     exchange_metrics,

@@ -1,10 +1,10 @@
-"""`hacpo_trl.model_card`: the HACPO section of an agent's card from settings, peers and log history."""
+"""`hacpo_trl.training.model_card`: the HACPO section of an agent's card from settings, peers and log history."""
 
 import json
 
+from hacpo_trl.agents.pretrained import PROVENANCE_FILE
 from hacpo_trl.config import AgentSpec, HACPOConfig
-from hacpo_trl.model_card import CARD_SETTINGS, append_card_section, hacpo_card_section, hub_base_model
-from hacpo_trl.pretrained import PROVENANCE_FILE
+from hacpo_trl.training.model_card import CARD_SETTINGS, append_card_section, hacpo_card_section, hub_base_model
 
 
 def _settings(share_rollouts=True):
@@ -91,7 +91,7 @@ def test_card_records_whether_trls_vllm_is_correction_was_applied():
 
 
 def test_name_card_leaves_no_none_in_trls_card():
-    from hacpo_trl.model_card import name_card
+    from hacpo_trl.training.model_card import name_card
 
     trl_card = (
         "# Model Card for None\n\nThis model is a fine-tuned version of [None](https://huggingface.co/None).\n"
@@ -106,7 +106,7 @@ def test_name_card_leaves_no_none_in_trls_card():
 
 
 def test_a_cache_folder_is_named_as_the_builtin_the_user_wrote(tmp_path, monkeypatch):
-    from hacpo_trl.cache import builtin_name
+    from hacpo_trl.agents.cache import builtin_name
 
     monkeypatch.setenv("HACPO_CACHE", str(tmp_path))
     assert builtin_name(str(tmp_path / "trace-small-05d8365ca4")) == "builtin:trace-small"
@@ -118,7 +118,7 @@ def test_a_cache_folder_is_named_as_the_builtin_the_user_wrote(tmp_path, monkeyp
 def test_complete_card_names_the_base_as_written_and_appends_the_section(tmp_path, monkeypatch):
     """TRL's card of a local model: the agent, the base (the recipe's name, else `builtin:<name>` for a cache folder)
     and the saved folder fill its `None`s; the HACPO section follows. Without TRL's card nothing is written."""
-    from hacpo_trl.model_card import complete_card
+    from hacpo_trl.training.model_card import complete_card
 
     monkeypatch.setenv("HACPO_CACHE", str(tmp_path / "cache"))
     trl_card = "# Model Card for None\n\nA fine-tuned version of [None](https://huggingface.co/None).\n"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from hacpo_trl.plan import GIB, Launch, ModelDims, make_plan
-from hacpo_trl.plan_cli import build_plan, prompt_tokens
-from hacpo_trl.recipe import load_recipe
+from hacpo_trl.launch.plan_cli import build_plan, prompt_tokens
+from hacpo_trl.launch.recipe import load_recipe
+from hacpo_trl.planning.plan import GIB, Launch, ModelDims, make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_GPU = str(ROOT / "accelerate_configs" / "one_gpu_2agents.yaml")
@@ -71,7 +71,7 @@ def test_what_calibrated_the_plan_by_hand():
 
 
 def _specs():
-    from hacpo_trl.resolve import as_specs
+    from hacpo_trl.run.resolve import as_specs
 
     return as_specs(load_recipe(str(ROOT / "recipes" / "one_gpu_qwen3_shapes.yaml"))["agents"])
 
@@ -134,8 +134,8 @@ def test_trls_deprecated_checkpointing_calls_are_quiet_under_hacpo_train():
     `hacpo-train` hides those FutureWarnings (only a TRL release can fix the calls)."""
     import warnings
 
-    from hacpo_trl.bootstrap import filter_library_warnings
-    from hacpo_trl.tiny import char_tokenizer, tiny_llama
+    from hacpo_trl.agents.tiny import char_tokenizer, tiny_llama
+    from hacpo_trl.launch.bootstrap import filter_library_warnings
 
     model = tiny_llama(char_tokenizer())
 
@@ -159,9 +159,9 @@ def test_a_model_shape_builds_once_into_the_cache(tmp_path, monkeypatch):
     template, reused from the cache; the real shapes' configs are the published ones."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hacpo_trl import shapes
-    from hacpo_trl.builtin import resolve_model
-    from hacpo_trl.plan_cli import model_config
+    from hacpo_trl.agents import shapes
+    from hacpo_trl.agents.builtin import resolve_model
+    from hacpo_trl.launch.plan_cli import model_config
 
     monkeypatch.setenv("HACPO_CACHE", str(tmp_path))
     monkeypatch.setitem(shapes.SHAPES, "test-shape", shapes.Shape(32, 2, 4, 2, 8, 64, seed=3))

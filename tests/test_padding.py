@@ -11,9 +11,10 @@ import pytest
 import torch
 from trl.trainer.utils import add_fused_lm_head
 
-from hacpo_trl import metrics, padding
-from hacpo_trl.tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
+from hacpo_trl.agents.tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
+from hacpo_trl.run import padding
 from hacpo_trl.trainer import HACPOTrainer
+from hacpo_trl.training import metrics
 
 # 4 rows, prompts 4 columns wide (left-padded), completions 6 wide (right-padded); column 0 and column 9 are padding
 # in every row, as when peer rows or another rank's rows set the batch's width

@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from hacpo_trl import builtin, demo
+from hacpo_trl.agents import builtin, demo
 from hacpo_trl.algorithm import deal_round_robin, peer_ratio_stats, peer_row_order
-from hacpo_trl.rewards import arithmetic_trace_answer
-from hacpo_trl.tasks import HALVES, carry_half, carry_trace_splits, task_splits, trace_solution, trace_splits
+from hacpo_trl.tasks.data import HALVES, carry_half, carry_trace_splits, task_splits, trace_solution, trace_splits
+from hacpo_trl.tasks.rewards import arithmetic_trace_answer
 
 # ------------------------------------------------------------------------------------------ built-in agents
 
@@ -187,7 +187,7 @@ class _HalvesRun:
         self.results = {"greedy": greedy, "sampled": sampled}
 
     def evaluate(self, measure="greedy", by=None):
-        from hacpo_trl.evaluate import EvalResult
+        from hacpo_trl.evaluation.evaluate import EvalResult
 
         halves = self.results[measure]
         return EvalResult(sum(halves.values()) / 2, 0.0, 1, 1000, halves if by else None)
@@ -298,7 +298,7 @@ def test_trace_splits_are_disjoint_large_enough_and_long_for_every_tokenizer(tmp
 
 def _bare(name):
     spec = demo.BUILTIN_AGENTS[name]
-    from hacpo_trl.tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
+    from hacpo_trl.agents.tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
 
     tok = char_tokenizer() if spec.architecture == "llama" else bpe_tokenizer()
     model = (tiny_llama if spec.architecture == "llama" else tiny_qwen2)(tok, hidden_size=8, layers=1)

@@ -1,4 +1,4 @@
-"""`hacpo_trl.peer_loss`: which rows of a mini-batch get a backward pass, the loss over them, per-row flags.
+"""`hacpo_trl.sharing.peer_loss`: which rows of a mini-batch get a backward pass, the loss over them, per-row flags.
 Hand-built mini-batches; no trainer, no process group."""
 
 import math
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from hacpo_trl.algorithm import HACPOLossConfig, hacpo_loss
-from hacpo_trl.peer_loss import batch_row_flags, gradient_rows, has_gradient_rows, rows_loss, score_peer_rows
-from hacpo_trl.schedule import current_update, self_on_policy
-from hacpo_trl.sharing_settings import SharingSettings
+from hacpo_trl.run.schedule import current_update, self_on_policy
+from hacpo_trl.sharing.peer_loss import batch_row_flags, gradient_rows, has_gradient_rows, rows_loss, score_peer_rows
+from hacpo_trl.sharing.settings import SharingSettings
 
 FLOORED, UNFLOORED = (SharingSettings(peer_prompts="failed", taught_ratio_floor=f) for f in (0.2, 0.0))
 
@@ -140,7 +140,7 @@ def test_update_index_and_self_on_policy():
 
 
 def test_taught_weight_by_hand():
-    from hacpo_trl.peer_loss import taught_weight
+    from hacpo_trl.sharing.peer_loss import taught_weight
 
     s = torch.tensor([0.01, 0.1, 0.5, 1.0, 3.0])
     # (1 + 0.1) s / (s + 0.1), at most 1: 0.011/0.11, 0.11/0.2, 0.55/0.6, 1, min(3.3/3.1, 1)
@@ -150,7 +150,7 @@ def test_taught_weight_by_hand():
 def test_a_taught_row_at_ratio_half_carries_gradient_where_the_same_row_elsewhere_is_clipped():
     """Two peer rows with s = 0.5 (below lb_0 = 0.8), advantage 1, ω 1: the one from a peer that teaches its prompt
     gets the weight w(0.5) = 0.55/0.6 and a gradient; the other is dropped by the band and gets none."""
-    from hacpo_trl.peer_loss import taught_weight
+    from hacpo_trl.sharing.peer_loss import taught_weight
 
     inputs = _inputs([0.5, 0.5])
     inputs["hacpo_omega"] = torch.ones(3)
@@ -242,7 +242,7 @@ def test_band_gate_scores_peer_rows_by_length_in_as_many_forwards_as_the_busiest
     log-prob is -1, so a row's ratio s is exp(-1 - old mean log-prob); B's rows at 0.9 and 1.5, C's at 0.7."""
     from types import SimpleNamespace
 
-    from hacpo_trl.peer_loss import band_counts, band_order, band_ratios
+    from hacpo_trl.sharing.peer_loss import band_counts, band_order, band_ratios
 
     lengths, ratios = [2, 2, 3, 1, 2, 2], [1.0, 1.0, 0.9, 1.5, 0.7, 1.0]
     batch = {

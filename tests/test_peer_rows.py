@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
+from hacpo_trl.agents.tiny import char_tokenizer
 from hacpo_trl.algorithm import capability_aware_advantages
-from hacpo_trl.exchange import RolloutBatch
-from hacpo_trl.peer_rows import append_peer_rows, build_peer_rows, self_prompt_tokens, taught_cap_factor
-from hacpo_trl.tiny import char_tokenizer
+from hacpo_trl.run.exchange import RolloutBatch
+from hacpo_trl.sharing.peer_rows import append_peer_rows, build_peer_rows, self_prompt_tokens, taught_cap_factor
 from helpers import BPE, CAPS, LONG, NAN, SELF_IDS, SELF_REWARDS, records, settings
 
 CHAR = char_tokenizer()
@@ -176,7 +176,7 @@ def test_nothing_to_append_keeps_trls_tensors():
 def test_learner_records_keep_the_learner_and_its_peers_only():
     """Learner A learns from C alone: B's records stay out (their rewards too), records in exchange order, the
     learner's view in launch order."""
-    from hacpo_trl.peer_rows import learner_records
+    from hacpo_trl.sharing.peer_rows import learner_records
 
     def rec(agent, rank):
         return RolloutBatch(agent, rank, 0, ["p0"], ["x"], [1.0], [-1.0], [1], [True])

@@ -12,8 +12,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hacpo_trl.plan import GIB, Launch, ModelDims, format_plan, launch_from_accelerate, launch_from_env, make_plan
-from hacpo_trl.plan_cli import main as plan_main
+from hacpo_trl.launch.plan_cli import main as plan_main
+from hacpo_trl.planning.plan import (
+    GIB,
+    Launch,
+    ModelDims,
+    format_plan,
+    launch_from_accelerate,
+    launch_from_env,
+    make_plan,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "model_configs"
@@ -262,16 +270,16 @@ def test_cpu_recipe_plan(path, capsys):
 
 def test_plan_reads_the_recipes_agents_once(monkeypatch, capsys):
     """One `--plan` resolves the recipe's agents once: the checks, the preflight and the plan read the same ones."""
-    import hacpo_trl.resolve
+    import hacpo_trl.run.resolve
 
     calls = []
-    original = hacpo_trl.resolve.resolve
+    original = hacpo_trl.run.resolve.resolve
 
     def counted(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    for module in ("resolve", "recipe", "plan", "placement", "config"):
+    for module in ("run.resolve", "launch.recipe", "planning.plan", "run.placement", "config"):
         monkeypatch.setattr(f"hacpo_trl.{module}.resolve", counted)
     path = ROOT / "recipes" / "tiny_size.yaml"
     assert plan_main(["--config", str(path), "--plan", "--accelerate_config", str(_accelerate_config(path))]) == 0
@@ -367,7 +375,7 @@ def test_plan_reads_the_recipes_own_accelerate_config_and_hints_at_hf_download(t
     )  # fmt: skip
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     assert "zero2_8gpu.yaml" in proc.stdout and "assumed" not in proc.stdout
-    from hacpo_trl.plan_cli import model_config
+    from hacpo_trl.launch.plan_cli import model_config
 
     with pytest.raises(ValueError, match=r"`hf download someorg/no-such-model config.json`"):
         model_config("someorg/no-such-model")
@@ -530,7 +538,7 @@ def test_peer_filter_note_reads_each_agents_own_setting():
 
 def test_plan_imports_no_torch():
     """`--plan` checks a GPU recipe on a laptop: the plan and the sharing settings it reads import no torch."""
-    code = "import sys, hacpo_trl.plan, hacpo_trl.sharing_settings; print('torch' in sys.modules)"
+    code = "import sys, hacpo_trl.planning.plan, hacpo_trl.sharing.settings; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -540,8 +548,8 @@ def test_plan_reads_each_learners_sharing_settings_from_their_one_declaration(mo
     in that one declaration reaches the plan, and a combination the config refuses is refused, naming the agent."""
     import dataclasses
 
-    import hacpo_trl.plan as plan_module
-    from hacpo_trl.sharing_settings import SharingSettings
+    import hacpo_trl.planning.plan as plan_module
+    from hacpo_trl.sharing.settings import SharingSettings
 
     agents = [{"name": "a", "model_name_or_path": "a", "overrides": {"peer_prompts": "failed"}}]
     agents.append({"name": "b", "model_name_or_path": "b"})

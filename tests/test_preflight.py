@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hacpo_trl.recipe import RecipeError, load_recipe, numbers_as_values, preflight
+from hacpo_trl.launch.recipe import RecipeError, load_recipe, numbers_as_values, preflight
 from helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,7 +115,7 @@ def test_every_bad_input_gives_one_line_in_a_real_two_process_launch(tmp_path):
     """Every case of the table launched for real (the racy ones three times), four launches at a time: each exits
     with the launcher's status 1 (a child exited 2) and prints exactly one `hacpo-train: error:` line naming the
     problem before the launcher's traceback, and the same line once more after it, as the last line. The other
-    ranks wait for the launcher's stop instead of exiting first (see `hacpo_trl.bootstrap.refuse`)."""
+    ranks wait for the launcher's stop instead of exiting first (see `hacpo_trl.launch.bootstrap.refuse`)."""
     runs = [(c, i) for c in CASES for i in range(3 if c[0] in RACY else 1)]
     failures, pending = [], list(runs)
     while pending:
@@ -158,7 +158,7 @@ def test_an_error_after_the_agent_worlds_are_split_is_printed_once_and_last(tmp_
 
 
 def test_an_output_folder_holding_a_run_is_refused_unless_overwrite_or_resume(tmp_path):
-    from hacpo_trl.recipe import check_output_dir
+    from hacpo_trl.launch.recipe import check_output_dir
 
     recipe = {**GOOD, "output_dir": str(tmp_path / "run")}
     check_output_dir(recipe)  # nothing there yet
@@ -195,9 +195,7 @@ def test_a_second_launch_into_a_finished_run_stops_with_one_line(tmp_path):
 
 
 def test_help_leads_with_the_recipe_workflow_without_importing_trl():
-    code = (
-        "import sys; from hacpo_trl.train import main; main(['--help']); print('trl imported:', 'trl' in sys.modules)"
-    )
+    code = "import sys; from hacpo_trl.launch.train import main; main(['--help']); print('trl imported:', 'trl' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     out = proc.stdout
     assert out.startswith("usage: hacpo-train --config RECIPE")
@@ -210,8 +208,8 @@ def test_help_leads_with_the_recipe_workflow_without_importing_trl():
 
 
 def test_help_points_to_readme_sections_that_exist_and_quotes_the_plans_card_memory(capsys):
-    from hacpo_trl.plan import DEVICE_GIB
-    from hacpo_trl.train import main
+    from hacpo_trl.launch.train import main
+    from hacpo_trl.planning.plan import DEVICE_GIB
 
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
@@ -225,7 +223,7 @@ def test_help_points_to_readme_sections_that_exist_and_quotes_the_plans_card_mem
 def test_curves_after_one_generation_batch_show_markers_and_held_out_accuracy(tmp_path, monkeypatch):
     import matplotlib.figure
 
-    from hacpo_trl.train import _plot
+    from hacpo_trl.launch.train import _plot
 
     figures = []
     save = matplotlib.figure.Figure.savefig

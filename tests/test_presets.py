@@ -9,13 +9,13 @@ import pytest
 import yaml
 
 from hacpo_trl import HACPOConfig
-from hacpo_trl.exchange import RolloutBatch
-from hacpo_trl.plan import Launch, ModelDims, format_plan, make_plan
-from hacpo_trl.presets import SHARING_CHANGES, SHARING_PRESETS, describe_sharing, expand_sharing
-from hacpo_trl.probe import band_gate_keeps, learner_view
-from hacpo_trl.recipe import RecipeError, load_recipe
-from hacpo_trl.resolve import resolve
-from hacpo_trl.sharing import PeerDecision, SharingSettings, decide, peers_in_band, rescued_prompts
+from hacpo_trl.launch.probe import band_gate_keeps, learner_view
+from hacpo_trl.launch.recipe import RecipeError, load_recipe
+from hacpo_trl.planning.plan import Launch, ModelDims, format_plan, make_plan
+from hacpo_trl.run.exchange import RolloutBatch
+from hacpo_trl.run.resolve import resolve
+from hacpo_trl.sharing.decision import PeerDecision, SharingSettings, decide, peers_in_band, rescued_prompts
+from hacpo_trl.sharing.presets import SHARING_CHANGES, SHARING_PRESETS, describe_sharing, expand_sharing
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False)
@@ -230,8 +230,8 @@ def test_for_every_named_mode_the_probe_reports_the_trainers_decision_after_the_
     import torch
 
     from hacpo_trl.algorithm import HACPOLossConfig, stepwise_lower_bound
-    from hacpo_trl.peer_loss import band_counts
-    from hacpo_trl.peer_rows import PeerRows
+    from hacpo_trl.sharing.peer_loss import band_counts
+    from hacpo_trl.sharing.peer_rows import PeerRows
 
     values = expand_sharing({"sharing": name, "naive": False, "peer_clipping": True, "capability_metric": "accuracy"})
     sharing = SharingSettings.from_values(values)
@@ -296,7 +296,7 @@ def test_the_peer_rows_read_the_learners_checked_settings_over_its_config():
 
 
 def test_the_model_card_names_the_mode_and_its_settings(tmp_path):
-    from hacpo_trl.model_card import hacpo_card_section
+    from hacpo_trl.training.model_card import hacpo_card_section
 
     cfg = HACPOConfig(output_dir=str(tmp_path), sharing="recommended", taught_scale=0.5, **COMMON)
     card = hacpo_card_section(cfg, "policy", None, [], 0)
@@ -304,7 +304,7 @@ def test_the_model_card_names_the_mode_and_its_settings(tmp_path):
 
 
 def test_each_learner_setting_has_one_default():
-    """A learner setting's default is SharingSettings' (the paper's, from `hacpo_trl.presets`); the config's field
+    """A learner setting's default is SharingSettings' (the paper's, from `hacpo_trl.sharing.presets`); the config's field
     is None where the sharing mode fills it, else the same value."""
     config = {f.name: f.default for f in dataclasses.fields(HACPOConfig)}
     for f in dataclasses.fields(SharingSettings):
@@ -326,17 +326,17 @@ def test_each_learner_setting_is_declared_once():
 
     from transformers import HfArgumentParser
 
-    from hacpo_trl.sharing import LEARNER_SETTINGS
+    from hacpo_trl.sharing.decision import LEARNER_SETTINGS
 
     package = ROOT / "src" / "hacpo_trl"
     config_class, settings_class = (
         _class(package / "config.py", "HACPOConfig"),
-        _class(package / "sharing_settings.py", "SharingSettings"),
+        _class(package / "sharing" / "settings.py", "SharingSettings"),
     )
     for node in (config_class, settings_class):
         own = {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)} & set(LEARNER_SETTINGS)
         assert not own, f"{node.name} declares {sorted(own)} again"
-    from hacpo_trl.sharing import SharingFields  # the one declaration
+    from hacpo_trl.sharing.decision import SharingFields  # the one declaration
 
     declared = {f.name: f for f in dataclasses.fields(SharingFields)}
     assert tuple(declared) == LEARNER_SETTINGS == tuple(f.name for f in dataclasses.fields(SharingSettings))
@@ -361,14 +361,14 @@ def test_each_learner_setting_is_declared_once():
             for n in names
         ]
 
-    assert sorted(documented(_class(package / "sharing_settings.py", "SharingFields"))) == sorted(LEARNER_SETTINGS)
+    assert sorted(documented(_class(package / "sharing" / "settings.py", "SharingFields"))) == sorted(LEARNER_SETTINGS)
     assert not set(documented(config_class)) & set(LEARNER_SETTINGS)
 
 
 def test_every_recipe_names_its_mode_and_a_run_says_it_first():
     """A copied recipe never trains with a mode its user did not see: each shipped recipe has a `sharing:` line,
     and a run's first line about sharing names the mode, what it means, and when the recipe left it to the default."""
-    from hacpo_trl.train import _sharing_line
+    from hacpo_trl.launch.train import _sharing_line
 
     for path in sorted((ROOT / "recipes").glob("*.yaml")):
         assert yaml.safe_load(path.read_text()).get("sharing") in SHARING_PRESETS, path.name

@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hacpo_trl.builtin import resolve_model
-from hacpo_trl.pretrained import PRETRAINED, build_pretrained
+from hacpo_trl.agents.builtin import resolve_model
+from hacpo_trl.agents.pretrained import PRETRAINED, build_pretrained
 from helpers import accelerate_launch, summaries
 
 pytestmark = pytest.mark.timeout(900)

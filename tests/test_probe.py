@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from hacpo_trl.presets import SHARING_PRESETS
-from hacpo_trl.probe import _my_prompts, agent_stats, flags, generation_backend, pair_stats, render
+from hacpo_trl.launch.probe import _my_prompts, agent_stats, flags, generation_backend, pair_stats, render
+from hacpo_trl.sharing.presets import SHARING_PRESETS
 from helpers import accelerate_launch, seeded
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +93,7 @@ def test_flags_are_sentences_with_their_numbers():
 
 
 def test_agent_stats_over_every_rank_of_an_agent():
-    from hacpo_trl.exchange import RolloutBatch
+    from hacpo_trl.run.exchange import RolloutBatch
 
     nan = float("nan")
     records = [
@@ -291,10 +291,10 @@ def test_probe_with_the_preset_reports_taught_prompts_for_the_weaker_agent(tmp_p
 
 
 def _probe_report_of(sharing, decisions, rows_by_learner, records):
-    """The probe's report (:func:`hacpo_trl.probe._report`) from each learner's decision and peer rows, as one
+    """The probe's report (:func:`hacpo_trl.launch.probe._report`) from each learner's decision and peer rows, as one
     process per learner would send them."""
     from hacpo_trl.algorithm import HACPOLossConfig
-    from hacpo_trl.probe import ProbeArguments, _report, learner_view
+    from hacpo_trl.launch.probe import ProbeArguments, _report, learner_view
 
     names = list(decisions)
     everyone = [
@@ -319,11 +319,11 @@ def test_the_probes_decision_is_the_trainers_on_the_same_batch_in_every_sharing_
     import torch
 
     from hacpo_trl.algorithm import HACPOLossConfig, stepwise_lower_bound
-    from hacpo_trl.exchange import RolloutBatch
-    from hacpo_trl.peer_loss import band_counts
-    from hacpo_trl.presets import expand_sharing
-    from hacpo_trl.sharing import PeerDecision, decide
-    from hacpo_trl.sharing_settings import SharingSettings
+    from hacpo_trl.run.exchange import RolloutBatch
+    from hacpo_trl.sharing.decision import PeerDecision, decide
+    from hacpo_trl.sharing.peer_loss import band_counts
+    from hacpo_trl.sharing.presets import expand_sharing
+    from hacpo_trl.sharing.settings import SharingSettings
 
     agents = ["weak", "mid", "strong"]
     outcomes = {  # each agent's rewards on p0, p1, p2 (two completions each)

@@ -24,7 +24,7 @@ def _demo(out: Path, *args: str):
 
 
 def test_agents_line_names_each_agent_with_reward_and_capability():
-    from hacpo_trl.progress import agents_line
+    from hacpo_trl.launch.progress import agents_line
 
     logs = {"loss": 0.1, "hacpo/reward/a": 0.5, "hacpo/capability/a": 0.25, "hacpo/reward/b": 0.125}
     assert agents_line(logs, ["a", "b"]) == "a reward 0.500 P̂ 0.250"  # b has no capability yet: left out
@@ -83,8 +83,8 @@ def test_a_run_in_which_no_agent_scores_warns_once(tmp_path, builtin_cache):
 def test_an_error_on_another_rank_still_reaches_the_console(tmp_path, builtin_cache, monkeypatch):
     """Global rank 1 is quiet, but not about its own failure."""
     (tmp_path / "rank1_reward.py").write_text(
-        "from hacpo_trl.rewards import arithmetic_exact_match\n"
-        "from hacpo_trl.topology import current_topology\n\n"
+        "from hacpo_trl.tasks.rewards import arithmetic_exact_match\n"
+        "from hacpo_trl.run.topology import current_topology\n\n"
         "def reward(completions, **kwargs):\n"
         "    if current_topology().global_rank == 1:\n"
         "        raise RuntimeError('reward broke on global rank 1')\n"

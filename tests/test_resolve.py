@@ -1,4 +1,4 @@
-"""`hacpo_trl.resolve`: the one reading of a recipe's agents (entries, settings over the run's, output folders)."""
+"""`hacpo_trl.run.resolve`: the one reading of a recipe's agents (entries, settings over the run's, output folders)."""
 
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from hacpo_trl.resolve import AgentSpec, resolve
+from hacpo_trl.run.resolve import AgentSpec, resolve
 
 TWO = [{"name": "a", "model_name_or_path": "x"}, {"name": "b", "model_name_or_path": "y"}]
 
@@ -100,7 +100,7 @@ def test_a_recipe_without_agents_gets_the_default_agent():
 
 
 def test_the_placement_reads_process_counts_through_the_resolver():
-    from hacpo_trl.placement import process_counts
+    from hacpo_trl.run.placement import process_counts
 
     assert process_counts({"agents": [TWO[0], {**TWO[1], "num_processes": 3}]}) == [1, 3]
     assert process_counts({"agents": {"a": None, "b": {"num_processes": 2}}}) == [1, 2]
@@ -113,9 +113,9 @@ def test_resolving_and_the_checks_before_ml_libraries_stay_torch_free():
     resolving a recipe, the placement's reading and the pre-flight checks import no torch, trl or transformers."""
     code = (
         "import sys\n"
-        "from hacpo_trl.resolve import resolve\n"
-        "from hacpo_trl.placement import process_counts\n"
-        "from hacpo_trl.recipe import check_output_dir, preflight\n"
+        "from hacpo_trl.run.resolve import resolve\n"
+        "from hacpo_trl.run.placement import process_counts\n"
+        "from hacpo_trl.launch.recipe import check_output_dir, preflight\n"
         "recipe = {'agents': [{'name': 'a', 'model_name_or_path': 'builtin:tiny-llama', 'overrides': {'peer_filter': "
         "'correct'}}, {'name': 'b', 'model_name_or_path': 'builtin:tiny-qwen2'}], 'reward_funcs': ['arithmetic_exact']}\n"
         "assert resolve(recipe).agents[0].get('peer_filter') == 'correct'\n"

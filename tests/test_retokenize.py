@@ -6,10 +6,10 @@ import pytest
 import torch
 from datasets import Dataset
 
+from hacpo_trl.agents.tiny import bpe_tokenizer, char_tokenizer, tiny_llama
 from hacpo_trl.algorithm import CapabilityTracker
-from hacpo_trl.exchange import RolloutBatch
-from hacpo_trl.retokenize import completion_text, peer_completion_ids
-from hacpo_trl.tiny import bpe_tokenizer, char_tokenizer, tiny_llama
+from hacpo_trl.run.exchange import RolloutBatch
+from hacpo_trl.sharing.retokenize import completion_text, peer_completion_ids
 
 CHAR = char_tokenizer()
 BPE = bpe_tokenizer()

@@ -6,9 +6,9 @@ import torch
 from datasets import Dataset
 
 from hacpo_trl import HACPOConfig, HACPOTrainer
-from hacpo_trl.evaluate import evaluate_model
-from hacpo_trl.rewards import RewardError, call_reward, guard_reward
-from hacpo_trl.tiny import char_tokenizer, tiny_llama
+from hacpo_trl.agents.tiny import char_tokenizer, tiny_llama
+from hacpo_trl.evaluation.evaluate import evaluate_model
+from hacpo_trl.tasks.rewards import RewardError, call_reward, guard_reward
 from helpers import seeded
 
 COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False, save_strategy="no")

@@ -4,7 +4,8 @@ import importlib
 
 import pytest
 
-from hacpo_trl.rewards import (
+from hacpo_trl.tasks.data import arithmetic_splits
+from hacpo_trl.tasks.rewards import (
     arithmetic_exact_match,
     boxed_format,
     get_reward_funcs,
@@ -12,7 +13,6 @@ from hacpo_trl.rewards import (
     math_verify_boxed,
     no_reward_warning,
 )
-from hacpo_trl.tasks import arithmetic_splits
 
 
 def test_last_boxed_balances_braces():
@@ -47,8 +47,8 @@ def test_format_and_arithmetic_rewards():
 
 def test_registry_by_name_and_import_path():
     assert get_reward_funcs(["math_verify"]) == [math_verify_boxed]
-    assert get_reward_funcs("hacpo_trl.rewards:boxed_format") == [boxed_format]
-    assert get_reward_funcs(["hacpo_trl.rewards.arithmetic_exact_match"]) == [arithmetic_exact_match]
+    assert get_reward_funcs("hacpo_trl.tasks.rewards:boxed_format") == [boxed_format]
+    assert get_reward_funcs(["hacpo_trl.tasks.rewards.arithmetic_exact_match"]) == [arithmetic_exact_match]
     with pytest.raises(ValueError, match="unknown reward function 'nope'"):
         get_reward_funcs(["nope"])
     with pytest.raises(ValueError, match="module 'os' .* has no function 'nothing_here'"):
@@ -152,8 +152,8 @@ def test_arithmetic_splits_are_disjoint_and_reproducible():
 def test_evaluate_avg_and_best_at_k():
     import torch
 
-    from hacpo_trl.evaluate import evaluate_model
-    from hacpo_trl.tiny import char_tokenizer, tiny_llama
+    from hacpo_trl.agents.tiny import char_tokenizer, tiny_llama
+    from hacpo_trl.evaluation.evaluate import evaluate_model
 
     tok = char_tokenizer()
     model = tiny_llama(tok)
@@ -179,8 +179,8 @@ def test_evaluate_reports_accuracy_per_group_from_the_same_completions():
     generated or the overall numbers; a column the dataset lacks is refused by name."""
     import torch
 
-    from hacpo_trl.evaluate import _result, evaluate_model
-    from hacpo_trl.tiny import char_tokenizer, tiny_llama
+    from hacpo_trl.agents.tiny import char_tokenizer, tiny_llama
+    from hacpo_trl.evaluation.evaluate import _result, evaluate_model
 
     tok = char_tokenizer()
     model = tiny_llama(tok)
@@ -203,7 +203,7 @@ def test_evaluate_reports_accuracy_per_group_from_the_same_completions():
 
 
 def test_gold_answers_of_benchmark_formats():
-    from hacpo_trl.evaluate import _gold_answer
+    from hacpo_trl.evaluation.evaluate import _gold_answer
 
     assert _gold_answer("Natalia sold 48 ... #### 1,072") == "1072"  # GSM8K
     assert _gold_answer(r"... so $x = \boxed{\frac{3}{4}}$.") == r"\frac{3}{4}"  # MATH solution
@@ -217,7 +217,7 @@ def test_hacpo_eval_cli_writes_json_and_markdown(tmp_path):
     import subprocess
     import sys
 
-    from hacpo_trl.tiny import char_tokenizer, tiny_llama
+    from hacpo_trl.agents.tiny import char_tokenizer, tiny_llama
 
     tok = char_tokenizer()
     tiny_llama(tok).save_pretrained(tmp_path / "agent")

@@ -1,14 +1,13 @@
-"""`hacpo_trl.sharing` and `hacpo_trl.schedule` without a trainer: a learner's settings, its decision at a generation
+"""`hacpo_trl.sharing.decision` and `hacpo_trl.run.schedule` without a trainer: a learner's settings, its decision at a generation
 batch, and how that batch is cut into micro-batches and updates, all by hand."""
 
 import pytest
 
 from hacpo_trl.config import SHARED_SETTINGS
-from hacpo_trl.exchange import RolloutBatch
-from hacpo_trl.model_card import CARD_SETTINGS
-from hacpo_trl.probe import SHARING_OPTIONS
-from hacpo_trl.schedule import BatchPlan, UpdateState, own_rows_chunk, plan_batch, solo_fits, updates_within_batches
-from hacpo_trl.sharing import (
+from hacpo_trl.launch.probe import SHARING_OPTIONS
+from hacpo_trl.run.exchange import RolloutBatch
+from hacpo_trl.run.schedule import BatchPlan, UpdateState, own_rows_chunk, plan_batch, solo_fits, updates_within_batches
+from hacpo_trl.sharing.decision import (
     LEARNER_SETTINGS,
     PEER_LIMITS,
     RUN_WIDE_SETTINGS,
@@ -17,6 +16,7 @@ from hacpo_trl.sharing import (
     decide,
     rescued_prompts,
 )
+from hacpo_trl.training.model_card import CARD_SETTINGS
 
 AGENTS = ["A", "B", "C"]
 CAPS = {"A": 0.5, "B": 0.25, "C": 0.75}
@@ -200,7 +200,7 @@ def test_update_state_says_whether_an_update_may_step_and_resets():
 def test_better_prompts_by_hand():
     """Success rates per prompt over every rank's records (NaN rewards not scored): the peer's rows are kept only
     where its rate is above the learner's; ties and groups that both fail keep nothing."""
-    from hacpo_trl.sharing import better_prompts
+    from hacpo_trl.sharing.decision import better_prompts
 
     nan = float("nan")
     records = _records({

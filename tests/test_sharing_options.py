@@ -9,10 +9,10 @@ import torch
 from hacpo_trl import HACPOConfig
 from hacpo_trl.algorithm import CapabilityTracker, HACPOLossConfig, capability_aware_advantages, hacpo_loss
 from hacpo_trl.config import parse_learn_from
-from hacpo_trl.exchange import RolloutBatch
-from hacpo_trl.metrics import learns_from_metrics
-from hacpo_trl.peer_rows import build_peer_rows
-from hacpo_trl.sharing import gate_evidence, open_peers, peer_fade_weight, peers_in_band, rescued_prompts
+from hacpo_trl.run.exchange import RolloutBatch
+from hacpo_trl.sharing.decision import gate_evidence, open_peers, peer_fade_weight, peers_in_band, rescued_prompts
+from hacpo_trl.sharing.peer_rows import build_peer_rows
+from hacpo_trl.training.metrics import learns_from_metrics
 from helpers import BPE, CAPS, NAN, SELF_IDS, SELF_REWARDS, accelerate_launch, records, seeded, settings, summaries
 
 COMMON = dict(use_cpu=True, bf16=False, report_to="none", gradient_checkpointing=False)
@@ -107,7 +107,7 @@ def test_gate_confidence_opens_a_clearly_stronger_peer_and_keeps_close_ones_clos
 
 
 def test_gate_evidence_metrics_log_each_peers_z_clipped():
-    from hacpo_trl.metrics import gate_evidence_metrics
+    from hacpo_trl.training.metrics import gate_evidence_metrics
 
     caps, rows = {"A": 0.11, "B": 0.28, "C": 1.0, "D": 1.0}, dict.fromkeys("ABCD", 64)
     logged = gate_evidence_metrics("A", caps, rows, 1.0)
@@ -854,7 +854,7 @@ def test_options_are_recipe_settings(tmp_path, capsys):
     """YAML keys (run-wide, per agent) and command-line flags, parsed as `hacpo-train` parses a recipe."""
     from trl import TrlParser
 
-    from hacpo_trl.train import HACPOScriptArguments, check_recipe, load_recipe
+    from hacpo_trl.launch.recipe import HACPOScriptArguments, check_recipe, load_recipe
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
@@ -879,7 +879,7 @@ def test_options_are_recipe_settings(tmp_path, capsys):
     recipe.write_text(recipe.read_text().replace("learn_from: all\n", "learn_from: [solo]\n"))  # a YAML list
     _, cfg = parser.parse_args_and_config(["--config", str(recipe)])
     assert cfg.learn_from == "none"
-    from hacpo_trl.train import main
+    from hacpo_trl.launch.train import main
 
     assert main(["--config", str(recipe), "--learn_from", "solo,teacher"]) == 2  # stops before any model loads
     assert "hacpo-train: error: `learn_from` names unknown agent(s) ['teacher']" in capsys.readouterr().err
@@ -912,7 +912,7 @@ def test_own_old_logps_leave_the_rng_untouched(tmp_path):
     from datasets import Dataset
 
     from hacpo_trl import HACPOTrainer
-    from hacpo_trl.tiny import char_tokenizer, tiny_llama
+    from hacpo_trl.agents.tiny import char_tokenizer, tiny_llama
 
     tok = char_tokenizer()
     model = tiny_llama(tok, seed=1)
@@ -1104,7 +1104,7 @@ def test_a_rescue_batch_counts_only_the_updates_it_makes_in_the_stepwise_bound()
     """m of Eq. 14 in the trainer: 4 micro-batches per iteration, 2 iterations, 1 micro-batch per update. A batch
     with peer rows makes every update (m = micro-step); a rescue batch on the solo schedule (2 of 4) makes micro-steps
     0, 1, 4, 5, which are its updates 0, 1, 2, 3."""
-    from hacpo_trl.schedule import plan_batch
+    from hacpo_trl.run.schedule import plan_batch
 
     for rescue, expected in ((False, [0, 1, 4, 5]), (True, [0, 1, 2, 3])):
         plan = plan_batch(8, peers=True, few_prompts=rescue, steps_per_generation=4, solo_micro_batches=2, iterations=2)
@@ -1125,7 +1125,7 @@ def test_the_gate_warmup_counts_generation_batches_whatever_the_accumulation(
     """`schedule.batches_seen` gives the gate the generation batches seen before this one, at each new batch (TRL's
     micro-step `_step` a multiple of `steps_per_generation`, `global_step` the updates finished): with 8 micro-batches
     per update and 4 per batch, two batches share an update, and the second has seen one batch, not zero."""
-    from hacpo_trl.schedule import batches_seen
+    from hacpo_trl.run.schedule import batches_seen
 
     seen = []
     for batch in range(len(expected)):

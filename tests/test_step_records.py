@@ -9,7 +9,7 @@ import torch
 from datasets import Dataset
 
 from hacpo_trl.config import AgentSpec
-from hacpo_trl.exchange import (
+from hacpo_trl.run.exchange import (
     PROMPT_ID_COLUMN,
     ExchangeError,
     RolloutBatch,
@@ -17,8 +17,8 @@ from hacpo_trl.exchange import (
     rewards_by_agent,
     with_prompt_ids,
 )
-from hacpo_trl.loading import check_batch_supported, check_supported, moe_loss_message, resolve_agent
-from hacpo_trl.peer_rows import add_self_columns, order_rows, own_rewards
+from hacpo_trl.sharing.peer_rows import add_self_columns, order_rows, own_rewards
+from hacpo_trl.training.loading import check_batch_supported, check_supported, moe_loss_message, resolve_agent
 
 EOS = 2
 

@@ -12,7 +12,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hacpo_trl.train import RecipeError, check_recipe, load_recipe
+from hacpo_trl.launch.train import RecipeError, check_recipe, load_recipe
 from helpers import accelerate_launch, hang_guard
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,9 +80,9 @@ def test_a_recipe_without_reward_funcs_is_graded_by_its_tasks_own_reward(tmp_pat
     solution of `arithmetic_trace` scored 0, and the run trained at reward 0 without a word. Each task's own now."""
     from trl import TrlParser
 
-    from hacpo_trl.rewards import get_reward_funcs
-    from hacpo_trl.tasks import trace_solution
-    from hacpo_trl.train import HACPOScriptArguments
+    from hacpo_trl.launch.train import HACPOScriptArguments
+    from hacpo_trl.tasks.data import trace_solution
+    from hacpo_trl.tasks.rewards import get_reward_funcs
 
     correct = {"arithmetic": "632", "arithmetic_trace": trace_solution(347, 285), "math": r"so \boxed{632}"}
     correct["arithmetic_trace_carries"] = trace_solution(347, 285)
@@ -104,10 +104,10 @@ def test_held_out_evaluation_reports_each_half_of_a_task_with_halves(monkeypatch
     completions, at the worked solutions' full length); the learning curve and any other task are scored as before."""
     from types import SimpleNamespace
 
-    import hacpo_trl.evaluate
-    from hacpo_trl.evaluate import EvalResult
-    from hacpo_trl.tasks import carry_trace_splits, trace_splits
-    from hacpo_trl.train import _evaluate
+    import hacpo_trl.evaluation.evaluate
+    from hacpo_trl.evaluation.evaluate import EvalResult
+    from hacpo_trl.launch.train import _evaluate
+    from hacpo_trl.tasks.data import carry_trace_splits, trace_splits
 
     calls = []
 
@@ -115,7 +115,7 @@ def test_held_out_evaluation_reports_each_half_of_a_task_with_halves(monkeypatch
         calls.append((len(data), kw["by"], kw["max_new_tokens"]))
         return EvalResult(0.3, 0.3, 1, len(data), {"carry": 0.5, "no_carry": 0.1} if kw["by"] else None)
 
-    monkeypatch.setattr(hacpo_trl.evaluate, "evaluate_model", fake)
+    monkeypatch.setattr(hacpo_trl.evaluation.evaluate, "evaluate_model", fake)
     trainer = SimpleNamespace(
         accelerator=SimpleNamespace(process_index=0, unwrap_model=lambda m: m),
         model=None, processing_class=None, args=SimpleNamespace(max_completion_length=40, chat_template_kwargs=None),
@@ -166,7 +166,7 @@ def _launch_config(recipe_path: Path) -> Path:
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
 def test_every_recipe_is_valid_for_its_launch(path, tmp_path):
     from hacpo_trl import HACPOConfig
-    from hacpo_trl.train import HACPOScriptArguments
+    from hacpo_trl.launch.train import HACPOScriptArguments
 
     text = path.read_text()
     assert text.startswith("#"), "each recipe starts with a comment: what, on what hardware, how long"
@@ -200,7 +200,7 @@ def test_every_accelerate_config_loads(path):
 
 def _built(agent: str) -> dict:
     """What the session's cache holds for a built-in agent: its build record (steps, validation accuracy, band)."""
-    from hacpo_trl.demo import build_agent, build_record
+    from hacpo_trl.agents.demo import build_agent, build_record
 
     return build_record(build_agent(agent))
 
@@ -257,9 +257,9 @@ def test_demo_trains_two_builtin_agents_end_to_end(tmp_path, builtin_cache):
 def test_builtin_agent_is_built_into_its_validation_band(agent, builtin_cache):
     """Every machine builds an agent of the same strength: the warm-start stops at the first check inside the agent's
     band and records where; the saved agent scores that accuracy on the validation rows again."""
-    from hacpo_trl.demo import BUILTIN_AGENTS, build_agent, validation_rows
-    from hacpo_trl.evaluate import evaluate_model
-    from hacpo_trl.rewards import arithmetic_exact_match
+    from hacpo_trl.agents.demo import BUILTIN_AGENTS, build_agent, validation_rows
+    from hacpo_trl.evaluation.evaluate import evaluate_model
+    from hacpo_trl.tasks.rewards import arithmetic_exact_match
 
     spec, record = BUILTIN_AGENTS[agent], _built(agent)
     low, high = spec.band
@@ -282,7 +282,7 @@ def test_builtin_agents_rebuild_identically_from_their_seed(tmp_path, builtin_ca
     """The demo's agents are not shipped: every machine builds them from a seed, and must get the same weights."""
     from safetensors.torch import load_file
 
-    from hacpo_trl.demo import build_agent
+    from hacpo_trl.agents.demo import build_agent
 
     cached = Path(build_agent("tiny-qwen2"))  # the session's cache (built by the demo test, or now)
     fresh = Path(build_agent("tiny-qwen2", str(tmp_path / "fresh")))
@@ -296,7 +296,7 @@ def test_processes_that_need_the_same_agent_build_it_once(tmp_path, monkeypatch,
     it and reuse its folder instead of building the same agent again on the same cores."""
     import threading
 
-    from hacpo_trl import demo
+    from hacpo_trl.agents import demo
 
     building, release, calls, folders = threading.Event(), threading.Event(), [], []
 
@@ -332,7 +332,7 @@ def test_a_resume_folder_without_a_checkpoint_is_refused_with_the_recipe_before_
     """`--resume_from_checkpoint` at a folder holding no checkpoint: one `<tool>: error:` line naming the folder and
     the fix, from the recipe checks, before any agent is built or evaluated (the training summary's 'before'
     evaluation never runs)."""
-    from hacpo_trl import plan_cli, probe, train
+    from hacpo_trl.launch import plan_cli, probe, train
 
     monkeypatch.delenv("RANK", raising=False)
     empty = tmp_path / "empty_ckpt"
@@ -340,7 +340,7 @@ def test_a_resume_folder_without_a_checkpoint_is_refused_with_the_recipe_before_
     argv = ["--config", str(ROOT / "recipes" / "tiny_size.yaml"), "--output_dir", str(tmp_path / "run"),
             "--resume_from_checkpoint", str(empty)]  # fmt: skip
     built = []
-    monkeypatch.setattr("hacpo_trl.builtin.resolve_model", lambda name: built.append(name) or name)
+    monkeypatch.setattr("hacpo_trl.agents.builtin.resolve_model", lambda name: built.append(name) or name)
     run = {"hacpo-train": train.main, "--plan": lambda a: plan_cli.main([*a, "--plan"]), "hacpo-probe": probe.main}
     assert run[tool](argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -358,11 +358,11 @@ def test_a_resume_folder_without_a_checkpoint_is_refused_with_the_recipe_before_
 def test_use_vllm_without_vllm_is_refused_before_any_agent_is_built(where, tmp_path, capsys, monkeypatch):
     """`recipes/tiny_vllm.yaml` in the default venv: one line naming the install, before any agent is built (it built
     `vllm-llama`, then died with a raw ModuleNotFoundError); an agent's own `use_vllm` override counts too."""
-    from hacpo_trl import train
+    from hacpo_trl.launch import train
 
     monkeypatch.delenv("RANK", raising=False)
     built = []
-    monkeypatch.setattr("hacpo_trl.builtin.resolve_model", lambda name: built.append(name) or name)
+    monkeypatch.setattr("hacpo_trl.agents.builtin.resolve_model", lambda name: built.append(name) or name)
     recipe = yaml.safe_load((ROOT / "recipes" / "tiny_vllm.yaml").read_text())
     if where == "agent":
         recipe["use_vllm"] = False
@@ -381,13 +381,13 @@ def test_a_malformed_flag_value_is_one_line_naming_the_flag(tool, tmp_path, caps
     """`--model_init_kwargs '{"dtype": bfloat16'` (a closing brace lost): flag values are read as YAML, and the
     parser's error used to escape as a 40-line `yaml.parser.ParserError` traceback, on every rank of a launch. Now the
     one `<tool>: error:` line names the flag and what is wrong with its value, before any agent is built."""
-    from hacpo_trl import plan_cli, probe, train
+    from hacpo_trl.launch import plan_cli, probe, train
 
     monkeypatch.delenv("RANK", raising=False)
     argv = ["--config", str(ROOT / "recipes" / "tiny_size.yaml"), "--output_dir", str(tmp_path / "run"),
             "--model_init_kwargs", '{"dtype": bfloat16']  # fmt: skip
     built = []
-    monkeypatch.setattr("hacpo_trl.builtin.resolve_model", lambda name: built.append(name) or name)
+    monkeypatch.setattr("hacpo_trl.agents.builtin.resolve_model", lambda name: built.append(name) or name)
     run = {"hacpo-train": train.main, "--plan": lambda a: plan_cli.main([*a, "--plan"]), "hacpo-probe": probe.main}
     assert run[tool](argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

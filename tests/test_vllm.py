@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hacpo_trl.rewards import arithmetic_exact_match
+from hacpo_trl.tasks.rewards import arithmetic_exact_match
 from helpers import accelerate_launch
 
 ROOT = Path(__file__).resolve().parents[1]

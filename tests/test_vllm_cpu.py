@@ -1,4 +1,4 @@
-"""vLLM's CPU build (`hacpo_trl.vllm_cpu`) without vLLM: what is refused, the engine's settings, the weight sync."""
+"""vLLM's CPU build (`hacpo_trl.generation.vllm_cpu`) without vLLM: what is refused, the engine's settings, the weight sync."""
 
 import types
 from types import SimpleNamespace
@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from hacpo_trl import vllm_cpu
-from hacpo_trl.demo import BUILTIN_AGENTS, PAIRS, untrained
-from hacpo_trl.loading import load_dtype
-from hacpo_trl.tiny import char_tokenizer, tiny_llama
+from hacpo_trl.agents.demo import BUILTIN_AGENTS, PAIRS, untrained
+from hacpo_trl.agents.tiny import char_tokenizer, tiny_llama
+from hacpo_trl.generation import vllm_cpu
+from hacpo_trl.training.loading import load_dtype
 
 
 def _config(**kwargs):
@@ -55,7 +55,7 @@ def test_check_refuses_only_where_the_engine_runs_on_the_cpu(monkeypatch):
 
 def test_the_trainer_refuses_before_loading_anything(tmp_path):
     from hacpo_trl import HACPOConfig
-    from hacpo_trl.loading import prepare_agent
+    from hacpo_trl.training.loading import prepare_agent
 
     args = HACPOConfig(
         output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", use_vllm=True,
@@ -70,8 +70,8 @@ def test_engine_settings_compose_with_the_agent_seeds(monkeypatch):
     replaces the settings rather than stacking them; nothing on another platform."""
     from trl.generation import vllm_generation
 
-    from hacpo_trl import topology
-    from hacpo_trl.vllm_seed import use_agent_engine_seeds
+    from hacpo_trl.generation.vllm_seed import use_agent_engine_seeds
+    from hacpo_trl.run import topology
 
     built = []
     monkeypatch.setattr(vllm_generation, "LLM", lambda **kwargs: built.append(kwargs), raising=False)

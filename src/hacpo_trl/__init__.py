@@ -1,15 +1,18 @@
 """HACPO (Heterogeneous Agent Collaborative Policy Optimization) for Hugging Face TRL.
 
-`hacpo_trl.algorithm` is importable on its own (torch only); the trainer classes load TRL lazily.
+The public API is one line, ``from hacpo_trl import HACPOTrainer, HACPOConfig, AgentSpec, SHARING_PRESETS``; every
+name loads lazily, so ``import hacpo_trl`` imports neither torch nor TRL. `hacpo_trl.algorithm` (the equations) is
+importable on its own (torch only). The subpackages and what each may import: docs/architecture.md.
 """
 
 __version__ = "0.1.0.dev0"
 
 _LAZY = {
-    "AgentSpec": "resolve",
+    "AgentSpec": "run.resolve",
     "HACPOConfig": "config",
     "HACPOTrainer": "trainer",
-    "init_agent_worlds": "topology",
+    "SHARING_PRESETS": "sharing.presets",
+    "init_agent_worlds": "run.topology",
 }
 
 __all__ = sorted(_LAZY)

@@ -10,15 +10,15 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .algorithm import PEER_LAYOUTS, CapabilityTracker, HACPOLossConfig
-from .placement import launch_engine, share_gpus
-from .presets import PRESET_SETTINGS, expand_sharing
-from .resolve import AgentSpec, ResolvedAgent, agent_output_dir, resolve
-from .schedule import ends_inside_batch, generation_groups_problem, solo_fits, update_schedule_problem
-from .sharing_settings import RUN_WIDE_SETTINGS, SharingFields, SharingSettings, parse_learn_from
-from .topology import AgentTopology, init_agent_worlds
-from .vllm_servers import check_vllm_servers
+from .generation.vllm_servers import check_vllm_servers
+from .run.placement import launch_engine, share_gpus
+from .run.resolve import AgentSpec, ResolvedAgent, agent_output_dir, resolve
+from .run.schedule import ends_inside_batch, generation_groups_problem, solo_fits, update_schedule_problem
+from .run.topology import AgentTopology, init_agent_worlds
+from .sharing.presets import PRESET_SETTINGS, expand_sharing
+from .sharing.settings import RUN_WIDE_SETTINGS, SharingFields, SharingSettings, parse_learn_from
 
-__all__ = ["AgentSpec", "HACPOConfig", "agent_output_dir"]  # AgentSpec: see `hacpo_trl.resolve`
+__all__ = ["AgentSpec", "HACPOConfig", "agent_output_dir"]  # AgentSpec: see `hacpo_trl.run.resolve`
 
 # TRL's losses whose row weights do not depend on the micro-batch's other rows (row count fixed, or a global token count)
 LENGTH_GROUPABLE_LOSSES = ("grpo", "dr_grpo", "dapo", "cispo", "sapo")
@@ -57,7 +57,7 @@ class HACPOConfig(SharingFields, GRPOConfig):
     Configuration for [`HACPOTrainer`]: every [`~trl.GRPOConfig`] argument, plus the agents and HACPO's settings.
 
     One config describes the whole run; each process resolves it to *its* agent when the config is created (which is
-    also when the launch is split into one world per agent, see `hacpo_trl.topology`), so create it before anything
+    also when the launch is split into one world per agent, see `hacpo_trl.run.topology`), so create it before anything
     else that touches accelerate. Defaults follow the paper and the official implementation; the loss replaces
     `loss_type` (HACPO aggregates per sequence, like `loss_type="grpo"` with `importance_sampling_level="sequence"`).
 
@@ -73,7 +73,7 @@ class HACPOConfig(SharingFields, GRPOConfig):
         > Collaboration
 
         sharing (`str`, *optional*, defaults to `"paper"`):
-            A named sharing mode, expanded (:mod:`hacpo_trl.presets`) into the settings below that the recipe leaves
+            A named sharing mode, expanded (:mod:`hacpo_trl.sharing.presets`) into the settings below that the recipe leaves
             out; a setting given beside it wins. `"paper"`: the paper's rule (every peer row, in the band; each
             setting's default). `"recommended"`: `peer_filter: correct`, `peer_prompts: failed`,
             `taught_failed_rate: 0.125`, `taught_ratio_floor: 0.2`, `taught_schedule: solo`, `taught_cap: 3`,
@@ -87,7 +87,7 @@ class HACPOConfig(SharingFields, GRPOConfig):
             Share completions between agents. `False` trains every agent independently with TRL's own loss (so
             `loss_type` / `importance_sampling_level` pick GRPO, GSPO, ...: the paper's baselines) while keeping the
             launch, capability logging and saving identical.
-        Each learner's sharing settings: the fields of :class:`~hacpo_trl.sharing.SharingFields`, documented there.
+        Each learner's sharing settings: the fields of :class:`~hacpo_trl.sharing.settings.SharingFields`, documented there.
         share_gpus (`bool`, *optional*, defaults to `False`):
             Let the agents' processes time-share GPUs on purpose: the node's i-th process gets GPU i mod (GPUs
             listed), so two one-process agents on one GPU both use it (generation and training take turns). An
@@ -160,7 +160,7 @@ class HACPOConfig(SharingFields, GRPOConfig):
             out, and the no-gradient passes over a generation batch chunk rows of similar length together. Same
             log-probs and gradients (up to float rounding): a model without rotary embeddings keeps its left padding
             (its positions may be absolute), and one whose rotary frequencies follow the forward's length (`dynamic`,
-            `longrope`) keeps TRL's padded forwards (`hacpo_trl.padding.trim_sides`). `False`: TRL's padded forwards
+            `longrope`) keeps TRL's padded forwards (`hacpo_trl.run.padding.trim_sides`). `False`: TRL's padded forwards
             for every model. `hacpo/time/padding_ratio/*` logs the waste either way.
         group_by_length (`bool`, *optional*, defaults to `False`):
             Put rows of similar length into the same training micro-batch, so that trimmed forwards carry little
@@ -321,7 +321,7 @@ class HACPOConfig(SharingFields, GRPOConfig):
         self.agents = {s.name: dataclasses.asdict(s) for s in specs} if self._specs else None
 
     def _apply_agent(self, agent: ResolvedAgent, several: bool) -> None:
-        """This process's agent: what it sets over the run's settings (checked by `hacpo_trl.resolve`)."""
+        """This process's agent: what it sets over the run's settings (checked by `hacpo_trl.run.resolve`)."""
         for key, value in agent.own_settings.items():
             setattr(self, key, value)
         if several and self.run_name in (None, self.output_dir):
@@ -420,7 +420,7 @@ class HACPOConfig(SharingFields, GRPOConfig):
         only match then), hold whole prompt groups, and share one run group (wandb), chosen by global rank 0."""
         import time
 
-        from .exchange import Exchange
+        from .run.exchange import Exchange
 
         local_generation = self.per_device_train_batch_size * self.steps_per_generation
         if self.share_rollouts and local_generation % self.num_generations:
@@ -462,7 +462,7 @@ class HACPOConfig(SharingFields, GRPOConfig):
         return {k: getattr(self, k, None) for k in SHARED_SETTINGS}
 
     def sharing_settings(self) -> SharingSettings:
-        """This agent's sharing options, checked (:class:`~hacpo_trl.sharing.SharingSettings`)."""
+        """This agent's sharing options, checked (:class:`~hacpo_trl.sharing.settings.SharingSettings`)."""
         return SharingSettings.from_values(vars(self))
 
     def loss_config(self) -> HACPOLossConfig:

@@ -1,6 +1,6 @@
 """`HACPOTrainer`: TRL's `GRPOTrainer` for one agent of a HACPO run, sharing rollouts with the other agents.
 
-Each agent runs it in its own accelerate world (:mod:`hacpo_trl.topology`); what TRL does stays TRL's. This module is
+Each agent runs it in its own accelerate world (:mod:`hacpo_trl.run.topology`); what TRL does stays TRL's. This module is
 the glue: TRL's hooks, every forward pass and every collective over an agent's ranks. The logic is in the modules
 ``sharing``, ``peer_rows``, ``peer_loss``, ``schedule``, ``updates``, ``padding``, ``metrics`` and ``checkpoints``,
 tested without a trainer. With ``share_rollouts=False`` the loss is TRL's own: exactly TRL's GRPO / GSPO.
@@ -18,16 +18,19 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
-from . import checkpoints, exchange, loading, metrics, padding, peer_loss, peer_rows, schedule, updates, vllm_cpu
 from .algorithm import CapabilityTracker
 from .config import HACPOConfig
-from .exchange import PROMPT_ID_COLUMN, RolloutBatch
-from .model_card import PAPER, complete_card, hub_base_model
-from .retokenize import completion_text
-from .rewards import guard_reward, no_reward_warning
-from .sharing import PeerDecision, decide
-from .topology import at_exit, current_topology
-from .vllm_seed import use_agent_engine_seeds
+from .generation import vllm_cpu
+from .generation.vllm_seed import use_agent_engine_seeds
+from .run import checkpoints, exchange, padding, schedule, updates
+from .run.exchange import PROMPT_ID_COLUMN, RolloutBatch
+from .run.topology import at_exit, current_topology
+from .sharing import peer_loss, peer_rows
+from .sharing.decision import PeerDecision, decide
+from .sharing.retokenize import completion_text
+from .tasks.rewards import guard_reward, no_reward_warning
+from .training import loading, metrics
+from .training.model_card import PAPER, complete_card, hub_base_model
 
 __all__ = ["HACPOTrainer", "PROMPT_ID_COLUMN"]
 
@@ -108,7 +111,7 @@ class HACPOTrainer(GRPOTrainer):
         return self.args.steps_per_generation * self.num_iterations
 
     def _solo_steps(self) -> int:
-        """Micro-batches of a generation batch of own rows only (:func:`hacpo_trl.schedule.solo_steps`)."""
+        """Micro-batches of a generation batch of own rows only (:func:`hacpo_trl.run.schedule.solo_steps`)."""
         sharing = self.args.share_rollouts and len(self.agent_names) > 1 and self.model.training
         return schedule.solo_steps(self.args.steps_per_generation, self.args.solo_steps_per_generation, sharing)
 
@@ -161,7 +164,7 @@ class HACPOTrainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(
         self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, **flags
     ):
-        """TRL's forward at each chunk's own width (:func:`hacpo_trl.padding.forward_at_width`), counting tokens
+        """TRL's forward at each chunk's own width (:func:`hacpo_trl.run.padding.forward_at_width`), counting tokens
         processed and real; multimodal inputs (in ``flags``) and ``trim_padding=False`` keep TRL's padded forward."""
         name = self._forward_pass
         # inside TRL's step: its old log-probs (when it computes them), then the reference
@@ -286,14 +289,14 @@ class HACPOTrainer(GRPOTrainer):
         return {agent: [r for r in records if r.agent == agent] for agent in dict.fromkeys(r.agent for r in records)}
 
     def _sharing_decision(self, records=()) -> PeerDecision:
-        """Whom the learner learns from at this batch before the band gate (:func:`hacpo_trl.sharing.decide`)."""
+        """Whom the learner learns from at this batch before the band gate (:func:`hacpo_trl.sharing.decision.decide`)."""
         step, ga = self.state.global_step, self.args.gradient_accumulation_steps
         seen = schedule.batches_seen(step, self._step, ga, self._generate_every)
         caps, rows, training = self.capability.capabilities(), self.capability.rows(), self.model.training
         return decide(self.sharing, self.agent, self.agent_names, caps, rows, seen, step, records, training)
 
     def _peer_rows(self, prompt_ids, rewards, by_agent, peers, only=None, weight=1.0, taught=()) -> peer_rows.PeerRows:
-        """The learner's peer rows from ``peers`` (:func:`hacpo_trl.peer_rows.build_peer_rows`)."""
+        """The learner's peer rows from ``peers`` (:func:`hacpo_trl.sharing.peer_rows.build_peer_rows`)."""
         records, view = peer_rows.learner_records(by_agent, self.agent, self.agent_names, peers)
         settings = self.sharing.over(self.args)  # the checked sharing options, the config's others
         args = (self.agent, view, self.capability.capabilities(), settings, self._tokenizer, weight, only)
@@ -302,7 +305,7 @@ class HACPOTrainer(GRPOTrainer):
     @torch.no_grad()
     def _peers_in_band(self, batch: dict, rows: peer_rows.PeerRows, prompt_ids, peers: list[str]) -> dict[str, int]:
         """Each peer's valid rows in the band [lb_0, 1] now, summed over the agent's ranks (a collective: as many
-        forwards on every rank, :func:`hacpo_trl.peer_loss.band_ratios`); the RNG left as it was: GSPO if all close."""
+        forwards on every rank, :func:`hacpo_trl.sharing.peer_loss.band_ratios`); the RNG left as it was: GSPO if all close."""
         trial = self._with_peer_rows(dict(batch), rows, prompt_ids)
         index, size = peer_loss.band_order(trial), max(1, self.args.per_device_train_batch_size)
         most = int(self.accelerator.gather(torch.tensor([len(index)], device=self.accelerator.device)).max())
@@ -313,7 +316,7 @@ class HACPOTrainer(GRPOTrainer):
         return dict(zip(peers, self._summed(torch.tensor(counts, device=self.accelerator.device)), strict=True))
 
     def _with_peer_rows(self, batch: dict, rows: peer_rows.PeerRows, prompt_ids, steps: int | None = None) -> dict:
-        """TRL's batch plus ``rows``, for ``steps`` micro-batches (:func:`hacpo_trl.peer_rows.append_peer_rows`)."""
+        """TRL's batch plus ``rows``, for ``steps`` micro-batches (:func:`hacpo_trl.sharing.peer_rows.append_peer_rows`)."""
         prompt_tokens = peer_rows.self_prompt_tokens(prompt_ids, batch["prompt_ids"], batch["prompt_mask"])
         steps, pad_id = steps or self.args.steps_per_generation, self._tokenizer.pad_token_id
         return peer_rows.append_peer_rows(batch, rows, prompt_tokens, prompt_ids, steps, pad_id)
@@ -330,7 +333,7 @@ class HACPOTrainer(GRPOTrainer):
         return batch
 
     def _prepare_inputs(self, generation_batch):
-        """TRL's buffering, each generation batch cut as its plan says (:func:`hacpo_trl.peer_rows.micro_batches`)."""
+        """TRL's buffering, each generation batch cut as its plan says (:func:`hacpo_trl.sharing.peer_rows.micro_batches`)."""
         with self._timed("prepare_inputs"):
             if not self.model.training:
                 return self._generate_and_score_completions(generation_batch)
@@ -340,7 +343,7 @@ class HACPOTrainer(GRPOTrainer):
             return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
     def _clipped_peer_rows(self, model, inputs, update_index: int):
-        """Peer rows outside the band now, which need no backward pass (:func:`hacpo_trl.peer_loss.score_peer_rows`).
+        """Peer rows outside the band now, which need no backward pass (:func:`hacpo_trl.sharing.peer_loss.score_peer_rows`).
         Under FSDP or ZeRO-3 a forward is a collective, so the agent's ranks decide together: if any has a peer row,
         all run the scoring forward (a rank with none scores one row and drops it); apart, they would deadlock."""
         cfg, candidates = self.hacpo_loss_config, inputs["hacpo_is_peer"] & inputs["hacpo_valid"]
@@ -413,7 +416,7 @@ class HACPOTrainer(GRPOTrainer):
         return loss
 
     def _update_without_gradients(self) -> None:
-        """A skipped or empty update: its step changes nothing (:func:`hacpo_trl.updates.pause_for_no_gradients`)."""
+        """A skipped or empty update: its step changes nothing (:func:`hacpo_trl.run.updates.pause_for_no_gradients`)."""
         paused = updates.pause_for_no_gradients(self.accelerator.scaler, self.optimizer)
         if paused is not None:
             self._updates.paused_scaler = paused
@@ -434,7 +437,7 @@ class HACPOTrainer(GRPOTrainer):
             complete_card(self.args, self.agent, self._base_model, history, step, model_id or self.args.output_dir)
 
     def _save_checkpoint(self, model, trial):
-        """TRL's checkpoint, then the capability tracker written last (:mod:`hacpo_trl.checkpoints`); old ones are
+        """TRL's checkpoint, then the capability tracker written last (:mod:`hacpo_trl.run.checkpoints`); old ones are
         pruned only once every agent saved this step, so a crash while saving leaves all the previous step."""
         with checkpoints.deferred_limit(self.args) as limit:  # applied below, once every agent has saved
             super()._save_checkpoint(model, trial)

@@ -25,7 +25,7 @@ counts = [int(c) for c in opts.counts.split(",")]
 launch_env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES")}
 
 if opts.place_first:
-    from hacpo_trl.placement import place_process
+    from hacpo_trl.run.placement import place_process
 
     place_process(counts)
 
@@ -59,7 +59,7 @@ args = HACPOConfig(
     report_to=[],
     **json.loads(opts.config),
 )
-from hacpo_trl.topology import current_topology  # noqa: E402
+from hacpo_trl.run.topology import current_topology  # noqa: E402
 
 topology = current_topology()
 record = {
@@ -81,6 +81,6 @@ record = {
 with open(os.path.join(opts.out, f"place-{topology.global_rank}.json"), "w") as f:
     json.dump(record, f)
 topology.shutdown()
-from hacpo_trl.topology import exit_process  # noqa: E402
+from hacpo_trl.run.topology import exit_process  # noqa: E402
 
 exit_process(0)

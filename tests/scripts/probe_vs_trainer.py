@@ -3,7 +3,7 @@ both.
 
     accelerate launch --multi_gpu --num_processes 2 tests/scripts/probe_vs_trainer.py OUT --config RECIPE ...
 
-Runs `hacpo_trl.probe.run` as `hacpo-probe` does (global rank 0 prints the table and writes ``--output``), then
+Runs `hacpo_trl.launch.probe.run` as `hacpo-probe` does (global rank 0 prints the table and writes ``--output``), then
 each process writes OUT/ratios-<global rank>.json: the probe's ratio of every valid peer row and the ratios the
 trainer logs for the same rows (`HACPOTrainer._collect_peer_ratios`, in batch order) in its first update (m = 0).
 """
@@ -12,8 +12,8 @@ import json
 import os
 import sys
 
-from hacpo_trl import probe
-from hacpo_trl.topology import exit_process
+from hacpo_trl.launch import probe
+from hacpo_trl.run.topology import exit_process
 
 out, argv = sys.argv[1], sys.argv[2:]
 trainer, probe_args = probe.build_trainer(argv)

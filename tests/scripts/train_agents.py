@@ -15,11 +15,11 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from hacpo_trl import AgentSpec, HACPOConfig, HACPOTrainer
-from hacpo_trl.builtin import resolve_model
-from hacpo_trl.rewards import arithmetic_exact_match
-from hacpo_trl.tasks import arithmetic_splits
-from hacpo_trl.tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
-from hacpo_trl.topology import exit_process
+from hacpo_trl.agents.builtin import resolve_model
+from hacpo_trl.agents.tiny import bpe_tokenizer, char_tokenizer, tiny_llama, tiny_qwen2
+from hacpo_trl.run.topology import exit_process
+from hacpo_trl.tasks.data import arithmetic_splits
+from hacpo_trl.tasks.rewards import arithmetic_exact_match
 
 parser = argparse.ArgumentParser()
 parser.add_argument(

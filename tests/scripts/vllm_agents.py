@@ -30,7 +30,7 @@ REWARD_WEIGHTS = [0.25, 0.75]
 
 def completions(tok, count: int = 6) -> list[tuple[list[int], int]]:
     """``(prompt + completion ids, prompt length)``: held-out problems with their right answer and a wrong one."""
-    from hacpo_trl.tasks import arithmetic_splits
+    from hacpo_trl.tasks.data import arithmetic_splits
 
     rows = arithmetic_splits()["test"].select(range(count // 2))
     seqs = []
@@ -114,10 +114,10 @@ def main() -> None:
     opts = parser.parse_args()
 
     from hacpo_trl import AgentSpec, HACPOConfig, HACPOTrainer
-    from hacpo_trl.builtin import resolve_model
-    from hacpo_trl.rewards import arithmetic_exact_match
-    from hacpo_trl.tasks import arithmetic_splits
-    from hacpo_trl.topology import exit_process
+    from hacpo_trl.agents.builtin import resolve_model
+    from hacpo_trl.run.topology import exit_process
+    from hacpo_trl.tasks.data import arithmetic_splits
+    from hacpo_trl.tasks.rewards import arithmetic_exact_match
 
     specs = [
         AgentSpec(

@@ -32,7 +32,7 @@ def count(model, tokenizer, rows) -> dict[str, int]:
     """Greedy solutions of ``rows``: how many, how many wrong, how many of the wrong ones write a carry of 0."""
     import torch
 
-    from hacpo_trl.rewards import arithmetic_trace_answer
+    from hacpo_trl.tasks.rewards import arithmetic_trace_answer
 
     out = {"problems": 0, "wrong": 0, "wrong_with_zero_carry": 0}
     for row in rows:
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hacpo_trl.tasks import task_splits
+    from hacpo_trl.tasks.data import task_splits
 
     torch.set_num_threads(1)
     rows = [r for r in task_splits("arithmetic_trace_carries")["validation"] if r["half"] == "carry"]

@@ -19,9 +19,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/: the shared modules
 from _common import provenance, write_section  # noqa: E402
 
-from hacpo_trl.builtin import resolve_model  # noqa: E402
-from hacpo_trl.demo import PAIRS  # noqa: E402
-from hacpo_trl.evaluate import _prompt_ids, builtin_eval  # noqa: E402
+from hacpo_trl.agents.builtin import resolve_model  # noqa: E402
+from hacpo_trl.agents.demo import PAIRS  # noqa: E402
+from hacpo_trl.evaluation.evaluate import _prompt_ids, builtin_eval  # noqa: E402
 
 STRONGER = {"state": "trace-instruct", "size": "trace-large", "model": "trace-qwen2", "style": "trace-bracket"}
 

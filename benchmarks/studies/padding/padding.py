@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/: the shared modules
 from _common import provenance, write_section  # noqa: E402
 
-from hacpo_trl import padding  # noqa: E402
+from hacpo_trl.run import padding  # noqa: E402
 from hacpo_trl.trainer import HACPOTrainer  # noqa: E402
 
 PASSES = ("old_logps", "ref_logps", "peer_scoring", "train")

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hacpo_trl.demo import PAIRS
+from hacpo_trl.agents.demo import PAIRS
 
 ROOT = Path(__file__).resolve().parents[3]
 

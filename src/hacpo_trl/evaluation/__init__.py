@@ -1,0 +1,1 @@
+"""hacpo_trl.evaluation."""
