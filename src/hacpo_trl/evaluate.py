@@ -1,0 +1,10 @@
+"""`python -m hacpo_trl.evaluate`: hacpo-eval: evaluate saved agents on held-out problems (`hacpo_trl.evaluation.evaluate`).
+
+Kept at this path for the command line only (docs and recipes launch `-m hacpo_trl.evaluate`); import
+`hacpo_trl.evaluation.evaluate` instead.
+"""
+
+from hacpo_trl.evaluation.evaluate import cli
+
+if __name__ == "__main__":
+    cli()
