@@ -11,6 +11,7 @@ import pytest
 
 from hacpo_trl.agents.tiny import char_tokenizer, tiny_llama
 from hacpo_trl.evaluation import evaluate as ev
+from hacpo_trl.launch import evaluate as hacpo_eval
 from hacpo_trl.tasks.data import arithmetic_splits
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "model_configs"
@@ -67,7 +68,9 @@ def test_eval_uses_the_agents_training_chat_template_kwargs(tmp_path, monkeypatc
 
     config = types.SimpleNamespace(output_dir=str(agent), max_completion_length=64)
     config.chat_template_kwargs = {"enable_thinking": False}
-    script = types.SimpleNamespace(task="math", dataset_name=None, reward_funcs=["math_verify"])
+    script = types.SimpleNamespace(
+        task="math", dataset_name=None, dataset_test_split=None, reward_funcs=["math_verify"]
+    )
     script.eval_split, script.eval_samples = "test", 0
     _write_task_record(config, script)
     assert ev.trained_task(str(agent))["chat_template_kwargs"] == {"enable_thinking": False}
@@ -78,13 +81,17 @@ def test_eval_uses_the_agents_training_chat_template_kwargs(tmp_path, monkeypatc
         seen.append((kw["chat_template_kwargs"], kw["max_new_tokens"]))
         return ev.EvalResult(0.0, 0.0, 1, len(data))
 
-    monkeypatch.setattr(ev, "evaluate_model", fake_evaluate)
+    monkeypatch.setattr(hacpo_eval, "evaluate_model", fake_evaluate)
     local = tmp_path / "mini.jsonl"
     local.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
     args = ["--model", str(agent), "--dataset", str(local), "--output_dir", str(tmp_path / "out")]
-    assert ev.main(args) == 0
+    assert hacpo_eval.main(args) == 0
     assert seen[-1] == ({"enable_thinking": False}, 8192)  # the training kwargs and the paper's main-table budget
-    assert ev.main([*args, "--chat_template_kwargs", '{"enable_thinking": true}', "--max_new_tokens", "4096"]) == 0
+    assert (
+        hacpo_eval.main([*args, "--chat_template_kwargs", '{"enable_thinking": true}', "--max_new_tokens", "4096"]) == 0
+    )
     assert seen[-1] == ({"enable_thinking": True}, 4096)  # an explicit flag wins (ablations: 4096)
     (agent / ev.TASK_RECORD).unlink()
-    assert ev.main(args) == 0 and seen[-1][0] is None  # a model hacpo-train did not save: the template's defaults
+    assert (
+        hacpo_eval.main(args) == 0 and seen[-1][0] is None
+    )  # a model hacpo-train did not save: the template's defaults
