@@ -20,7 +20,8 @@ def main() -> None:
     from trl import TrlParser
 
     from hacpo_trl.config import HACPOConfig
-    from hacpo_trl.launch.train import HACPOScriptArguments, _run, check_recipe, load_recipe
+    from hacpo_trl.launch.recipe import HACPOScriptArguments, check_recipe, load_recipe
+    from hacpo_trl.launch.train import run as _run  # hacpo-train's public run, named _run below
     from hacpo_trl.run.topology import current_topology, exit_process
     from hacpo_trl.tasks.rewards import get_reward_funcs
 

@@ -196,7 +196,7 @@ def test_device_cuda_runs_each_pair_from_a_one_gpu_copy_of_its_recipe(tmp_path, 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import reproduce
 
-    from hacpo_trl.launch.train import check_recipe, load_recipe
+    from hacpo_trl.launch.recipe import check_recipe, load_recipe
 
     args = argparse.Namespace(out=tmp_path, steps=4, eval_every=0, split="test", learning_rate=None, pair_steps={})
     args.device = "cuda"

@@ -6,7 +6,7 @@ import os
 import pytest
 import yaml
 
-from hacpo_trl.launch import train
+from hacpo_trl.launch import start, train
 from hacpo_trl.launch.recipe import RecipeError
 from hacpo_trl.run import placement
 from hacpo_trl.run.checkpoints import chosen_checkpoint, resumed_line
@@ -25,7 +25,7 @@ def test_share_gpus_on_the_command_line_places_the_process_as_the_config_will(tm
     def stop(*args, **kwargs):
         raise RecipeError("stopped after the placement")
 
-    monkeypatch.setattr(train, "check_recipe", stop)
+    monkeypatch.setattr(start, "check_recipe", stop)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     assert train.main(["--config", str(tmp_path / "r.yaml"), "--share_gpus", "true"]) == 2
@@ -53,8 +53,8 @@ def test_a_launch_reads_the_recipe_once_and_checks_it_once(tmp_path, monkeypatch
         return preflight(*args, **kwargs)
 
     monkeypatch.setattr(recipe_module, "preflight", counted)
-    monkeypatch.setattr(train, "preflight", counted)
-    monkeypatch.setattr(train, "_run", lambda script_args, config, rewards: runs.append(config) or 0)
+    monkeypatch.setattr(start, "preflight", counted)
+    monkeypatch.setattr(train, "run", lambda script_args, config, rewards: runs.append(config) or 0)
     monkeypatch.delenv("HACPO_SEEN", raising=False)
     assert train.main(["--config", str(tmp_path / "r.yaml"), "--max_steps", "2"]) == 0
     assert (reads.count(True), checks, runs[0].max_steps, runs[0].use_cpu) == (1, [2], 2, True)
@@ -86,10 +86,11 @@ def test_the_probe_reads_the_recipe_with_its_flags_as_training_does():
     own `--prompts` and `--output` left out), as `hacpo-train` does."""
     from pathlib import Path
 
-    from hacpo_trl.launch.probe import _effective_recipe
+    from hacpo_trl.launch.probe import _probe_flags
+    from hacpo_trl.launch.start import recipe_with_flags
 
     path = str(Path(__file__).resolve().parents[1] / "recipes" / "tiny_size.yaml")
     argv = ["--config", path, "--sharing", "recommended", "--prompts", "16", "--output=p.json", "--share_gpus", "true"]
-    recipe = _effective_recipe(path, argv)
+    _, recipe = recipe_with_flags(path, argv, own=_probe_flags())
     assert (recipe["sharing"], recipe["peer_prompts"], recipe["share_gpus"]) == ("recommended", "failed", True)
     assert "prompts" not in recipe and "output" not in recipe and recipe["max_steps"] == 60

@@ -368,14 +368,14 @@ def test_each_learner_setting_is_declared_once():
 def test_every_recipe_names_its_mode_and_a_run_says_it_first():
     """A copied recipe never trains with a mode its user did not see: each shipped recipe has a `sharing:` line,
     and a run's first line about sharing names the mode, what it means, and when the recipe left it to the default."""
-    from hacpo_trl.launch.train import _sharing_line
+    from hacpo_trl.launch.start import sharing_line
 
     for path in sorted((ROOT / "recipes").glob("*.yaml")):
         assert yaml.safe_load(path.read_text()).get("sharing") in SHARING_PRESETS, path.name
-    line = _sharing_line({"sharing": "recommended", "taught_cap": 2}, named=True)
+    line = sharing_line({"sharing": "recommended", "taught_cap": 2}, named=True)
     assert line.startswith("hacpo: sharing: recommended (a peer's correct rows") and "taught_cap 2 (set)" in line
     assert "not named" not in line
-    line = _sharing_line({}, named=False)
+    line = sharing_line({}, named=False)
     assert (
         line.startswith("hacpo: sharing: paper (the paper's rule") and "[not named in the recipe: the default" in line
     )

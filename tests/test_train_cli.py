@@ -12,7 +12,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hacpo_trl.launch.train import RecipeError, check_recipe, load_recipe
+from hacpo_trl.launch.recipe import RecipeError, check_recipe, load_recipe
 from helpers import accelerate_launch, hang_guard
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +80,7 @@ def test_a_recipe_without_reward_funcs_is_graded_by_its_tasks_own_reward(tmp_pat
     solution of `arithmetic_trace` scored 0, and the run trained at reward 0 without a word. Each task's own now."""
     from trl import TrlParser
 
-    from hacpo_trl.launch.train import HACPOScriptArguments
+    from hacpo_trl.launch.recipe import HACPOScriptArguments
     from hacpo_trl.tasks.data import trace_solution
     from hacpo_trl.tasks.rewards import get_reward_funcs
 
@@ -166,7 +166,7 @@ def _launch_config(recipe_path: Path) -> Path:
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
 def test_every_recipe_is_valid_for_its_launch(path, tmp_path):
     from hacpo_trl import HACPOConfig
-    from hacpo_trl.launch.train import HACPOScriptArguments
+    from hacpo_trl.launch.recipe import HACPOScriptArguments
 
     text = path.read_text()
     assert text.startswith("#"), "each recipe starts with a comment: what, on what hardware, how long"

@@ -303,46 +303,18 @@ def generation_backend(config) -> str:
 # ------------------------------------------------------------------------------------ one process's part
 
 
-def _recipe(argv: list[str]):
-    """The recipe as training reads it: (script arguments, HACPOConfig, probe arguments, reward functions)."""
-    from trl import TrlParser
+def _probe_flags() -> set[str]:
+    """The probe's own flags (`ProbeArguments`), which are no recipe keys."""
+    return {f"--{f.name}" for f in dataclasses.fields(ProbeArguments)}
 
-    from ..config import HACPOConfig
-    from ..tasks.rewards import get_reward_funcs
-    from .bootstrap import filter_library_warnings, place  # as training sets up each process
-    from .recipe import HACPOScriptArguments, RecipeError, check_recipe, config_path
+
+def _recipe_path(argv: list[str]) -> str:
+    from .recipe import RecipeError, config_path
 
     path = config_path(argv)
     if path is None:
         raise RecipeError("hacpo-probe needs --config RECIPE")
-    recipe = _effective_recipe(path, argv)
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    place(recipe, world)
-    check_recipe(recipe, num_processes=world if "RANK" in os.environ else None)
-    filter_library_warnings(recipe, argv)
-    parser = TrlParser((HACPOScriptArguments, HACPOConfig, ProbeArguments))
-    script_args, config, probe_args = parser.parse_args_and_config(argv)
-    return script_args, config, probe_args, get_reward_funcs(script_args.reward_funcs)
-
-
-def _effective_recipe(path: str, argv: list[str]) -> dict:
-    """The recipe with the command line's flags over it, as training reads it (the probe's own flags left out)."""
-    from .recipe import RecipeError, load_recipe
-
-    own = {f"--{f.name}" for f in dataclasses.fields(ProbeArguments)}
-    kept, i = [], 0
-    while i < len(argv):
-        if argv[i].split("=", 1)[0] in own:  # `--prompts 16` or `--prompts=16`
-            i += 1 if "=" in argv[i] else 2
-            continue
-        kept.append(argv[i])
-        i += 1
-    try:
-        return load_recipe(path, kept)
-    except RecipeError:  # a malformed flag value, or a `--sharing` no one knows: one line naming it
-        raise
-    except ValueError:  # not plain --key value flags: the argument parser names the problem
-        return load_recipe(path)
+    return path
 
 
 def _my_prompts(dataset, count: int, agent_rank: int, agent_world: int) -> list[dict]:
@@ -404,32 +376,19 @@ def _my_rows(trainer, batch, rows, ratios) -> dict:
 
 def build_trainer(argv: list[str]):
     """This process's agent as training builds it, from the recipe in ``argv``: ``(trainer, probe arguments)``.
-    Nothing is written where the recipe saves its agents (a scratch ``output_dir``), nothing is reported to
-    trackers, and rollouts are shared whatever the recipe says."""
-    from ..agents.builtin import resolve_model
-    from ..run.topology import current_topology
-    from ..trainer import HACPOTrainer
-    from .progress import quiet_replica
+    The start-up is training's (:mod:`hacpo_trl.launch.start`); nothing is written where the recipe saves its agents
+    (a scratch ``output_dir``, and no check of the recipe's), nothing is reported to trackers, and rollouts are
+    shared whatever the recipe says."""
+    from .start import build_trainer as build
+    from .start import start
 
+    _recipe_path(argv)
     port = os.environ.get("MASTER_PORT", "0")
     argv = [*argv, "--output_dir", os.path.join(tempfile.gettempdir(), f"hacpo-probe-{port}")]
     argv += ["--report_to", "none", "--share_rollouts", "true"]
-    script_args, config, probe_args, reward_funcs = _recipe(argv)
-    topology = current_topology()
-    global_rank = topology.global_rank if topology is not None else 0
-    if global_rank != 0:
-        quiet_replica()
-    if config.agent_spec.model_name_or_path.startswith("builtin:"):
-        if topology is None or topology.agent_rank == 0:
-            resolve_model(config.agent_spec.model_name_or_path)  # one process per agent builds it
-        if torch.distributed.is_initialized():
-            torch.distributed.barrier()  # this agent's world only
-    from .bootstrap import task_datasets  # training's prompts
-
-    train, _ = task_datasets(script_args)
-    model = resolve_model(config.agent_spec.model_name_or_path)
-    trainer = HACPOTrainer(model=model, reward_funcs=reward_funcs, args=config, train_dataset=train)
-    return trainer, probe_args
+    started = start(argv, tool_args=(ProbeArguments,), check_output=False, announce=False)
+    trainer, _ = build(started.script_args, started.config, started.reward_funcs)
+    return trainer, started.tool_args[0]
 
 
 def run(trainer, probe_args: ProbeArguments) -> dict | None:
@@ -521,12 +480,10 @@ def _report(trainer, everyone: list[dict], records, probe_args) -> dict:
 def _launch(argv: list[str]) -> int:
     """Run bare: start the launch training would use, one process per agent process of the recipe."""
     from ..run.placement import free_port, process_counts
-    from .recipe import RecipeError, check_installed, check_recipe, config_path
+    from .recipe import RecipeError, check_installed, check_recipe
+    from .start import recipe_with_flags
 
-    path = config_path(argv)
-    if path is None:
-        raise RecipeError("hacpo-probe needs --config RECIPE")
-    recipe = _effective_recipe(path, argv)
+    _, recipe = recipe_with_flags(_recipe_path(argv), argv, own=_probe_flags())
     check_installed(check_recipe(recipe))
     counts = process_counts(recipe) or [1]
     if len(counts) < 2:
@@ -558,6 +515,7 @@ def _help() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from .recipe import RecipeError
+    from .start import StartupError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
@@ -567,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         if "RANK" not in os.environ:
             return _launch(argv)
         return _run(argv)
-    except (RecipeError, ValueError) as exc:
+    except (RecipeError, ValueError, StartupError) as exc:
         from .bootstrap import refuse  # one line per launch however the ranks race, as hacpo-train
 
         return refuse(exc, prog="hacpo-probe")

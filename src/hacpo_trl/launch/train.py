@@ -10,32 +10,17 @@ TRL's own scripts. A recipe is checked before any model loads; a bad one stops e
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 
 from ..planning.plan import DEVICE_GIB  # what --plan assumes of an 80 GB card, quoted in --help
 from ..sharing.presets import PRESET_SETTINGS, SHARING_PRESETS, describe_sharing
-from .bootstrap import filter_library_warnings, parse_args, place, quiet_vllm, refuse, task_datasets
+from .bootstrap import refuse
+from .recipe import RecipeError
+from .start import StartupError, build_trainer, start
 
-# Recipe reading and checking live in `hacpo_trl.launch.recipe`; the names are re-exported here for existing callers.
-from .recipe import (
-    HACPOScriptArguments,
-    RecipeError,
-    check_installed,
-    check_output_dir,
-    check_recipe,
-    config_path,
-    effective_recipe,
-    load_recipe,
-    numbers_as_values,
-    preflight,
-    read_recipe,
-)
-from .trackers import check_trackers
-
-__all__ = ["HACPOScriptArguments", "RecipeError", "check_recipe", "load_recipe", "main"]
+__all__ = ["cli", "main", "run", "short_help"]
 
 
 # ------------------------------------------------------------------------------------------------ the run
@@ -212,100 +197,28 @@ def main(argv: list[str] | None = None) -> int:
         from .plan_cli import main as plan
 
         return plan(argv)
-    argv = numbers_as_values(argv)
     try:
-        path, written = config_path(argv), None
-        if os.environ.get("RANK", "0") != "0":  # one console for the launch: vLLM logs from global rank 0 only
-            quiet_vllm()
-        if path is not None:  # the recipe read once, the flags over it: what every check and the placement see
-            world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-            launched = world if "RANK" in os.environ else None
-            written = read_recipe(path)
-            recipe = effective_recipe(written)
-            try:
-                effective = effective_recipe(written, argv)
-            except RecipeError:  # a malformed flag value, or a `--sharing` no one knows: one line naming it
-                raise
-            except ValueError:  # not plain --key value flags: the argument parser below names the problem
-                effective = recipe
-            resolved = preflight(effective, num_processes=launched)  # every rank, before any ML library is imported
-            check_output_dir(effective, resolved)
-            said = place(effective, world, resolved)  # before anything imports trl (and maybe CUDA)
-            check_recipe(effective, num_processes=launched, checked=resolved)
-            check_installed(resolved)
-            if said and os.environ.get("RANK", "0") == "0":
-                print(said, file=sys.stderr, flush=True)
-            start = _sharing_line(effective, named="sharing" in written or "--sharing" in argv)
-            filter_library_warnings(recipe, argv)
-        from trl import TrlParser
-
-        from ..config import HACPOConfig
-
-        parser = TrlParser((HACPOScriptArguments, HACPOConfig))
-        script_args, config = parse_args(parser, argv, written)  # the file as read above, not read again
-        if not config.agents:
-            raise RecipeError("recipe key 'agents' is missing: name at least one agent with its model_name_or_path")
-        # before any download or vLLM start-up
-        check_trackers(config.report_to, warn=os.environ.get("RANK", "0") == "0")
-        from ..tasks.rewards import get_reward_funcs
-
-        reward_funcs = get_reward_funcs(script_args.reward_funcs)
+        started = start(argv)
     except (RecipeError, ValueError) as exc:
         return refuse(exc)
-    if written is not None and os.environ.get("HACPO_GLOBAL_RANK", os.environ.get("RANK", "0")) == "0":
-        print(start, file=sys.stderr, flush=True)  # every check passed: the mode this run trains with
     try:
-        return _run(script_args, config, reward_funcs)
+        return run(started.script_args, started.config, started.reward_funcs)
     except StartupError as exc:
         return refuse(exc)
 
 
-class StartupError(Exception):
-    """An agent could not start (its model, tokenizer or data did not load, its trainer refused its settings): the
-    run ends with the one `hacpo-train: error:` line, not a traceback on every rank."""
+def run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
+    """One run of every agent, from what :func:`~hacpo_trl.launch.start.start` returned (or the benchmark's worker
+    parsed): each process builds its agent (:func:`~hacpo_trl.launch.start.build_trainer`), evaluates it, trains it,
+    saves it, and global rank 0 writes the summary. ``shutdown=False`` keeps the agent worlds up for another run of
+    the same agents in the same launch (the benchmark runs many seeds and methods per launch). An agent that cannot
+    start raises `StartupError`."""
+    from transformers import TrainerCallback
 
+    from .progress import install
 
-@contextlib.contextmanager
-def _starting(agent: str):
-    try:
-        yield
-    except (OSError, ImportError, ValueError) as exc:
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        named = text if text.startswith(f"agent {agent!r}") else f"agent {agent!r} could not start: {text}"
-        raise StartupError(named) from exc
-
-
-def _sharing_line(recipe: dict, named: bool) -> str:
-    """The run's first line about sharing: the mode it trains with and what that means, and where the recipe does
-    not name one, that this is the default."""
-    line = f"hacpo: {describe_sharing(recipe)}"
-    if not named:
-        line += " [not named in the recipe: the default; `sharing: recommended` is the preset, docs/settings.md]"
-    return line
-
-
-def _start(spec, script_args, config, reward_funcs, agent_rank: int, global_rank: int):
-    """This agent's trainer and held-out rows: its model resolved (a built-in one built by the agent's rank 0 while
-    the others wait), the task's data loaded, and `HACPOTrainer` built."""
-    import torch
-
-    from ..agents.builtin import resolve_model
-    from ..trainer import HACPOTrainer
-
-    if global_rank == 0 and config.use_vllm:
-        print(
-            f"hacpo: loading the agents and starting each one's vLLM engine ({config.vllm_mode} mode); on vLLM's "
-            "CPU build this takes a minute or more before the first step",
-            file=sys.stderr,
-            flush=True,
-        )
-    if spec.model_name_or_path.startswith("builtin:"):
-        if agent_rank == 0:
-            resolve_model(spec.model_name_or_path)  # one process per agent builds it
-        if torch.distributed.is_initialized():
-            torch.distributed.barrier()  # this agent's world only
-    model_path = resolve_model(spec.model_name_or_path)
-    train, test = task_datasets(script_args)
+    trainer, test = build_trainer(script_args, config, reward_funcs)
+    global_rank = trainer.topology.global_rank
     if test is None and script_args.eval_samples > 0 and global_rank == 0:
         print(
             f"hacpo: task {script_args.task!r} has no held-out rows, so no accuracy before and after training is "
@@ -313,27 +226,6 @@ def _start(spec, script_args, config, reward_funcs, agent_rank: int, global_rank
             file=sys.stderr,
             flush=True,
         )
-    return HACPOTrainer(model=model_path, reward_funcs=reward_funcs, args=config, train_dataset=train), test
-
-
-def _run(script_args, config, reward_funcs, shutdown: bool = True) -> int:
-    """One run of every agent. ``shutdown=False`` keeps the agent worlds up for another run of the same agents in
-    the same launch (the benchmark runs many seeds and methods per launch)."""
-    from transformers import TrainerCallback
-
-    from ..run.topology import current_topology
-    from .progress import install, quiet_replica
-
-    def trainer_rank() -> int:
-        return current_topology().agent_rank
-
-    topology = current_topology()  # RANK is agent-local by now
-    global_rank = topology.global_rank if topology is not None else 0
-    if global_rank != 0:
-        quiet_replica()
-    spec = config.agent_spec
-    with _starting(spec.name):
-        trainer, test = _start(spec, script_args, config, reward_funcs, trainer_rank(), global_rank)
     before, before_by_half = _evaluate(trainer, test, script_args, by_half=True, when="before training")
     curve = [] if before is None else [(0, before)]
     # every agent's number on global rank 0's console, before its one progress bar starts
