@@ -127,6 +127,36 @@ def test_restore_state_and_the_deferred_save_total_limit(tmp_path):
     assert args.save_total_limit == 3
 
 
+def test_saving_and_resuming_together_over_the_exchange(tmp_path, capsys):
+    """The trainer's joint protocol, with the exchange's all-gather played by hand for agents A (this process) and
+    B: a step's tracker is written before every agent is waited for, old steps are pruned only after that, and a
+    resume takes the newest step both saved, restores the tracker and says so on the agent's main process."""
+    from hacpo_trl.algorithm import CapabilityTracker
+    from hacpo_trl.run.checkpoints import resume_together, save_together
+
+    calls = []
+
+    def gather(obj, what):  # B answers as if it had saved steps 2 and 4, and resumes where A does
+        calls.append((what, sorted(os.listdir(tmp_path))))
+        if what == "checkpoints to resume from":
+            return [obj, ("B", True, [2, 4], obj[3], "runs/B")]
+        return [obj, ("B", obj[1])]
+
+    tracker = CapabilityTracker(["A", "B"])
+    for step in (2, 4, 6):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        tracker.update({"A": [1, step > 2], "B": [1, 1]})
+        save_together(str(tmp_path), "A", step, tracker.state_dict(), True, gather, limit=2)
+    assert calls[-1] == ("checkpoint saved by every agent", ["checkpoint-2", "checkpoint-4", "checkpoint-6"])
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-4", "checkpoint-6"]  # pruned once B had saved step 6 too
+    fresh = CapabilityTracker(["A", "B"])
+    assert resume_together(True, "A", str(tmp_path), True, gather, describe, fresh) == str(tmp_path / "checkpoint-4")
+    assert capsys.readouterr().out == f"hacpo: agent 'A' resumes from {tmp_path / 'checkpoint-4'} (step 4)\n"
+    assert fresh.rows() == {"A": 4, "B": 4}  # the tracker as saved at step 4: two steps of two completions each
+    assert [c[0] for c in calls[-2:]] == ["checkpoints to resume from", "resume steps"]
+    assert resume_together(None, "A", str(tmp_path), False, gather, describe, fresh) is None
+
+
 def _saved(run, agent, *steps, owner=None):
     """``run/agent/checkpoint-<step>`` folders that finished saving (owner: the agent their state names)."""
     from hacpo_trl.run.checkpoints import save_state

@@ -14,7 +14,7 @@ from .generation.vllm_servers import check_vllm_servers
 from .run.placement import launch_engine, share_gpus
 from .run.resolve import AgentSpec, ResolvedAgent, agent_output_dir, resolve
 from .run.schedule import ends_inside_batch, generation_groups_problem, solo_fits, update_schedule_problem
-from .run.topology import AgentTopology, init_agent_worlds
+from .run.topology import AgentTopology, current_topology, init_agent_worlds
 from .sharing.presets import PRESET_SETTINGS, expand_sharing
 from .sharing.settings import RUN_WIDE_SETTINGS, SharingFields, SharingSettings, parse_learn_from
 
@@ -311,8 +311,8 @@ class HACPOConfig(SharingFields, GRPOConfig):
             raise
         if self.share_rollouts:
             self._reject_settings_hacpo_ignores()
-        if len(specs) > 1:
-            self._agree_with_other_agents(topology)
+        if len(specs) > 1:  # what every agent must agree on is compared by the trainer: agree_with_other_agents
+            self._check_whole_prompt_groups()
             self._check_update_schedule()
         self._check_solo_schedule()
         self._check_save_steps()  # after the schedule check: a straddling schedule is the error to report first
@@ -415,13 +415,8 @@ class HACPOConfig(SharingFields, GRPOConfig):
         if problem:
             raise ValueError(problem)
 
-    def _agree_with_other_agents(self, topology: AgentTopology) -> None:
-        """Before any model loads: every agent must sample and schedule identically (peer log-probs and exchanges
-        only match then), hold whole prompt groups, and share one run group (wandb), chosen by global rank 0."""
-        import time
-
-        from .run.exchange import Exchange
-
+    def _check_whole_prompt_groups(self) -> None:
+        """Each process must hold whole prompt groups, to match them with its peers' completions."""
         local_generation = self.per_device_train_batch_size * self.steps_per_generation
         if self.share_rollouts and local_generation % self.num_generations:
             raise ValueError(
@@ -429,6 +424,19 @@ class HACPOConfig(SharingFields, GRPOConfig):
                 f"must be a multiple of num_generations = {self.num_generations}, so that each process holds whole "
                 "prompt groups to match with its peers' completions"
             )
+
+    def agree_with_other_agents(self) -> None:
+        """Every agent must sample and schedule identically (peer log-probs and exchanges only match then), save to
+        its own folder, and share one run group (wandb), chosen by global rank 0. Compared over the exchange, a
+        collective of the whole launch: `HACPOTrainer` calls it on every process, before it loads the model; a
+        config alone makes no exchange and writes no environment variable. A single agent has nothing to agree on."""
+        import time
+
+        from .run.exchange import Exchange
+
+        topology = current_topology()
+        if len(self.specs) < 2 or topology is None:
+            return
         run = os.path.basename(os.path.normpath(os.path.dirname(self.output_dir) or ".")) or "hacpo"
         group = os.environ.get("WANDB_RUN_GROUP") or f"{run}-{time.strftime('%Y%m%d-%H%M%S')}"
         mine = self.shared_settings()

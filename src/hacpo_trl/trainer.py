@@ -20,15 +20,14 @@ from trl import GRPOTrainer
 
 from .algorithm import CapabilityTracker
 from .config import HACPOConfig
-from .generation import vllm_cpu
-from .generation.vllm_seed import use_agent_engine_seeds
+from .generation import engine
 from .run import checkpoints, exchange, padding, schedule, updates
 from .run.exchange import PROMPT_ID_COLUMN, RolloutBatch
-from .run.topology import at_exit, current_topology
+from .run.topology import current_topology
 from .sharing import peer_loss, peer_rows
 from .sharing.decision import PeerDecision, decide
 from .sharing.retokenize import completion_text
-from .tasks.rewards import guard_reward, no_reward_warning
+from .tasks.rewards import guard_rewards, no_reward_warning
 from .training import loading, metrics
 from .training.model_card import PAPER, complete_card, hub_base_model
 
@@ -65,24 +64,19 @@ class HACPOTrainer(GRPOTrainer):
     ):
         agent = loading.prepare_agent(args, kwargs, model, processing_class, peft_config)
         model, self._base_model, processing_class, peft_config = agent
-        use_agent_engine_seeds()  # each agent's vLLM engines sample with their own seeds
-        vllm_cpu.use_cpu_engine(args, model, loading.load_dtype)  # vLLM's CPU build: eager, in the model's dtype
+        args.agree_with_other_agents()  # a collective of the whole launch, before any model loads
+        engine.before_build(args, model, loading.load_dtype)  # each agent's vLLM engine: its seeds, the CPU build
         train_dataset, eval_dataset = exchange.with_prompt_ids(train_dataset), exchange.with_prompt_ids(eval_dataset)
         kwargs.update(train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=processing_class)
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, peft_config=peft_config, **kwargs)
         # rewards get the dataset's columns, as in held-out evaluation; one that raises is named in one line
-        self.reward_funcs = [
-            f if isinstance(f, torch.nn.Module) else guard_reward(f, "training", hidden=(PROMPT_ID_COLUMN,))
-            for f in self.reward_funcs
-        ]
-        vllm_cpu.use_cpu_sync(getattr(self, "vllm_generation", None))
+        self.reward_funcs = guard_rewards(self.reward_funcs, "training", hidden=(PROMPT_ID_COLUMN,))
+        engine.after_build(self)
         self.agent, self.agent_names = args.agent_spec.name, [s.name for s in args.specs]
         if args.share_rollouts and self.aux_loss_enabled:
             raise ValueError(loading.moe_loss_message(self.agent, type(self.model).__name__, self.router_aux_loss_coef))
         self.topology = current_topology()
         self.exchange = exchange.Exchange(self.topology)
-        if (client := getattr(getattr(self, "vllm_generation", None), "vllm_client", None)) is not None:
-            at_exit(client.close_communicator)  # vLLM server mode: TRL closes it at `atexit`, which our hard exit skips
         self.capability = CapabilityTracker(self.agent_names, args.capability_window, metric=args.capability_metric)
         self.hacpo_loss_config, self.sharing = args.loss_config(), args.sharing_settings()
         self._captured, self._prepare_seconds, self._warned_no_reward = {}, 0.0, False
@@ -234,9 +228,8 @@ class HACPOTrainer(GRPOTrainer):
         texts = [completion_text(c) for c in self._captured["completions"]]
         prompt_ids, step = [x[PROMPT_ID_COLUMN] for x in inputs], self.state.global_step
         record = RolloutBatch(self.agent, self.topology.global_rank, step, prompt_ids, texts, **columns)
-        start = time.perf_counter()
         records = self.exchange.all_gather(record, what=f"rollouts of step {step}")
-        exchange_time = time.perf_counter() - start
+        exchange_time = self.exchange.last_seconds
         exchange.check_same_prompts(records, self.agent, step)
         self.last_records, self.last_peer_rows = records, None
         by_agent = self._update_capability(records, mode)
@@ -273,9 +266,8 @@ class HACPOTrainer(GRPOTrainer):
         """Without sharing, agents still exchange rewards, so every log shows every agent's capability."""
         rank, step = self.topology.global_rank, self.state.global_step
         record = RolloutBatch(self.agent, rank, step, [""] * len(rewards), rewards=rewards.tolist())
-        start = time.perf_counter()
         records = self.exchange.all_gather(record, what=f"rewards of step {step}")
-        self._log("train", metrics.exchange_metrics(self.exchange, time.perf_counter() - start, 0.0))
+        self._log("train", metrics.exchange_metrics(self.exchange, self.exchange.last_seconds, 0.0))
         self._update_capability(records, "train")
 
     def _update_capability(self, records: list[RolloutBatch], mode: str) -> dict[str, list[RolloutBatch]]:
@@ -442,25 +434,14 @@ class HACPOTrainer(GRPOTrainer):
         with checkpoints.deferred_limit(self.args) as limit:  # applied below, once every agent has saved
             super()._save_checkpoint(model, trial)
         self.accelerator.wait_for_everyone()  # every rank's RNG state is on disk before the folder counts as done
-        run_dir = self._get_output_dir(trial=trial)
-        if self.args.should_save:
-            checkpoints.save_state(run_dir, self.agent, self.state.global_step, self.capability.state_dict())
-        self.exchange.all_gather((self.agent, self.state.global_step), what="checkpoint saved by every agent")
-        if limit and self.args.should_save:
-            checkpoints.prune_checkpoints(run_dir, limit, keep=self.state.best_model_checkpoint)
+        saving, state = self.args.should_save, (self.state.global_step, self.capability.state_dict())
+        where = (self._get_output_dir(trial=trial), self.agent, *state, saving, self.exchange.all_gather)
+        checkpoints.save_together(*where, limit=limit, keep=self.state.best_model_checkpoint)  # an exchange
 
     def train(self, resume_from_checkpoint=None, **kwargs):
         """As `Trainer.train`; ``resume_from_checkpoint=True``: from the newest step every agent saved completely; a
         path to one agent's ``checkpoint-<step>``: every agent from its own checkpoint of that step."""
-        complete = checkpoints.complete_checkpoints(self.args.output_dir)
-        main = self.accelerator.process_index == 0
-        report = (self.agent, main, sorted(complete), resume_from_checkpoint, self.args.output_dir)
-        everyone = self.exchange.all_gather(report, what="checkpoints to resume from")
-        folders = {entry[0]: entry[4] for entry in everyone if entry[1]}
-        where = (self.agent, complete, everyone, self.topology.describe_rank, folders)
-        checkpoint = checkpoints.chosen_checkpoint(resume_from_checkpoint, *where)
-        step = checkpoints.restore_state(checkpoint, self.agent, self.capability)
-        if (line := checkpoints.resumed_line(self.agent, checkpoint, step)) and self.accelerator.is_main_process:
-            print(line, flush=True)
-        checkpoints.check_same_start(self.exchange.all_gather((self.agent, step), what="resume steps"))
+        main, describe = self.accelerator.process_index == 0, self.topology.describe_rank
+        where = (self.agent, self.args.output_dir, main, self.exchange.all_gather, describe, self.capability)
+        checkpoint = checkpoints.resume_together(resume_from_checkpoint, *where)  # exchanges: every process calls
         return super().train(resume_from_checkpoint=checkpoint, **kwargs)

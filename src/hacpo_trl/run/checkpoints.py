@@ -3,7 +3,8 @@
 A HACPO checkpoint is TRL's folder plus ``hacpo_state.json`` (the capability tracker), written last and atomically,
 so a folder without it was interrupted while saving and is never resumed from or counted. The agents must resume
 together, from a step every one of them saved completely. Plain functions over folders and over what every process
-reported (gathered by the trainer over the exchange group), so they are testable without a trainer.
+reported, through the all-gather over the exchange group the trainer hands in (:func:`resume_together`), so they are
+testable without a trainer.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ __all__ = [
     "read_state",
     "restore_state",
     "resume_checkpoint",
+    "resume_together",
     "save_state",
+    "save_together",
     "write_state",
 ]
 
@@ -257,3 +260,51 @@ def restore_state(checkpoint: str | None, agent: str, capability) -> int:
     state = read_state(checkpoint, agent)
     capability.load_state_dict(state["capability"])
     return state["global_step"]
+
+
+def resume_together(
+    requested,
+    agent: str,
+    output_dir: str,
+    is_main: bool,
+    gather: Callable[..., list],
+    describe_rank: Callable[[int], str],
+    capability,
+) -> str | None:
+    """Where this process's agent resumes, decided with every other process (each must call it): every process
+    reports its agent's complete checkpoints over ``gather`` (the exchange's all-gather, ``gather(obj, what=...)``),
+    the checkpoint `resume_from_checkpoint` (``requested``) names is chosen (:func:`chosen_checkpoint`), the
+    capability tracker restored from it, the agent's main process (``is_main``) says so, and every agent is checked
+    to start from the same step. Returns what TRL's ``train(resume_from_checkpoint=...)`` takes (None: afresh)."""
+    complete = complete_checkpoints(output_dir)
+    report = (agent, is_main, sorted(complete), requested, output_dir)
+    everyone = gather(report, what="checkpoints to resume from")
+    folders = {entry[0]: entry[4] for entry in everyone if entry[1]}
+    checkpoint = chosen_checkpoint(requested, agent, complete, everyone, describe_rank, folders)
+    step = restore_state(checkpoint, agent, capability)
+    if (line := resumed_line(agent, checkpoint, step)) and is_main:
+        print(line, flush=True)
+    check_same_start(gather((agent, step), what="resume steps"))
+    return checkpoint
+
+
+def save_together(
+    run_dir: str,
+    agent: str,
+    global_step: int,
+    capability: dict,
+    should_save: bool,
+    gather: Callable[..., list],
+    limit: int | None = None,
+    keep: str | None = None,
+) -> None:
+    """The end of a joint checkpoint, once TRL saved its folder (every process calls it): the agent's saving process
+    (``should_save``) writes the capability tracker (:func:`save_state`, last, which makes the folder complete), every
+    process waits over ``gather`` until every agent has saved this step, and only then are old checkpoints pruned to
+    ``limit`` (`save_total_limit`, held back by :func:`deferred_limit`; ``keep``: the best model's), so that a crash
+    while saving leaves every agent's previous step."""
+    if should_save:
+        save_state(run_dir, agent, global_step, capability)
+    gather((agent, global_step), what="checkpoint saved by every agent")
+    if limit and should_save:
+        prune_checkpoints(run_dir, limit, keep=keep)

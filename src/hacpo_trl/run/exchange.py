@@ -164,6 +164,7 @@ class Exchange:
         self.last_bytes = 0
         self.last_wait = 0.0  # seconds waiting for the slowest process to arrive (idle, not exchange cost)
         self.last_transfer = 0.0  # seconds moving the data once everyone is there
+        self.last_seconds = 0.0  # the whole last call, as its caller would time it
 
     @property
     def world_size(self) -> int:
@@ -178,8 +179,9 @@ class Exchange:
 
     def all_gather(self, obj, what: str = "data") -> list:
         """Every rank's ``obj``, in global-rank order. Raises :class:`ExchangeError` on failure or timeout."""
-        group = self.topology.exchange_group
+        entered, group = time.perf_counter(), self.topology.exchange_group
         if group is None:
+            self.last_seconds = time.perf_counter() - entered
             return [obj]
         global _SEQUENCE
         # every process makes the same exchanges in the same order, so this count names the exchange alike on all
@@ -217,4 +219,6 @@ class Exchange:
                 f"{me}: exchanging {what} with the other agents failed ({type(exc).__name__}). Cause: {cause}"
             ) from exc
         self.last_bytes = int(sum(s.item() for s in sizes))  # payload this process received, all ranks included
-        return [pickle.loads(t[: int(s.item())].numpy().tobytes()) for t, s in zip(out, sizes, strict=True)]
+        gathered = [pickle.loads(t[: int(s.item())].numpy().tobytes()) for t, s in zip(out, sizes, strict=True)]
+        self.last_seconds = time.perf_counter() - entered
+        return gathered

@@ -31,6 +31,7 @@ __all__ = [
     "call_reward",
     "get_reward_funcs",
     "guard_reward",
+    "guard_rewards",
     "last_boxed",
     "math_verify_boxed",
     "no_reward_warning",
@@ -312,6 +313,14 @@ def _check_count(func: Callable, phase: str, rewards, expected: int) -> None:
             f"reward function {reward_name(func)!r} returned {got} during {phase}; it must return a list of "
             f"{expected} floats (or None), one per completion (the contract: {CONTRACT})"
         )
+
+
+def guard_rewards(funcs: list, phase: str, hidden: tuple[str, ...] = ()) -> list:
+    """Every reward function of ``funcs`` through :func:`guard_reward`; a reward model (a torch module, which TRL
+    scores with its own forward) as it is."""
+    import torch  # a trainer's rewards: torch is loaded by then, and this module stays importable without it
+
+    return [f if isinstance(f, torch.nn.Module) else guard_reward(f, phase, hidden) for f in funcs]
 
 
 def guard_reward(func: Callable, phase: str, hidden: tuple[str, ...] = ()) -> Callable:
