@@ -1,6 +1,9 @@
-"""Import structure: no import cycle anywhere in the package; `exchange` never imports `topology`."""
+"""Import structure: layers that import one way (each subpackage's docstring says what it may import, and the
+torch-free modules it holds), no import cycle anywhere in the package, and `exchange` never imports `topology`."""
 
 import ast
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +125,105 @@ def test_no_import_cycle_in_the_package():
     graph = _import_graph(typing=True)
     assert "launch.recipe" in graph["launch.train"] and "launch.recipe" in graph["launch.plan_cli"]  # not vacuous
     assert _cycles(graph) == []
+
+
+# The package's layers, lowest first: a module may import its own layer and the layers before it, never one after.
+# A name is a subpackage or a module left flat beside them (docs/architecture.md).
+LAYERS = (
+    ("algorithm",),  # the equations: torch only
+    ("run",),
+    ("generation",),
+    ("sharing",),
+    ("tasks",),
+    ("planning",),
+    ("evaluation",),
+    ("agents",),
+    ("config",),  # HACPOConfig
+    ("training",),
+    ("trainer",),  # HACPOTrainer
+    ("launch",),
+    ("train", "probe", "evaluate"),  # `python -m hacpo_trl.<command>`: one-line shims over `launch`
+)
+HEAVY = ("torch", "trl", "transformers", "accelerate")  # what a torch-free module must not import at import time
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[0]
+    return next(i for i, names in enumerate(LAYERS) if top in names)
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a higher layer's module, as "importer -> imported"."""
+    return sorted(f"{m} -> {t}" for m, imported in graph.items() for t in imported if _layer(t) > _layer(m))
+
+
+SUBPACKAGES = sorted(m for m, path in MODULES.items() if m and path.name == "__init__.py")
+
+
+def _docstring(package: str) -> str:
+    return ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
+
+
+def _may_import(package: str) -> set[str]:
+    """The layers a subpackage's docstring says it may import ("May import `a` and `b`.", "every layer below")."""
+    said = re.search(r"May import ([^.]*)\.", _docstring(package))
+    assert said, f"{package}/__init__.py does not say what it may import"
+    if "every layer below" in said.group(1):
+        return {n for names in LAYERS[: _layer(package)] for n in names}
+    return set(re.findall(r"`(\w+)`", said.group(1)))
+
+
+def _torch_free(package: str) -> list[str]:
+    """The modules a subpackage's docstring calls torch-free at import ("Torch-free at import: `a`, `b` (...)")."""
+    said = re.search(r"Torch-free at import: ([^.(]*)", _docstring(package))
+    return [f"{package}.{name}" for name in re.findall(r"`(\w+)`", said.group(1))] if said else []
+
+
+def test_every_module_has_a_layer_and_few_stay_flat():
+    tops = {m.split(".")[0] for m in MODULES if m}
+    assert tops == {name for names in LAYERS for name in names}
+    flat = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert len(flat) <= 10, flat  # __init__, the TRL pair (config, trainer), algorithm and the three shims
+
+
+def test_no_module_imports_a_higher_layer():
+    """Every import counts: at the top, inside a function (lazy) and under ``TYPE_CHECKING``."""
+    assert _upward({"run.placement": {"launch.recipe"}, "launch.recipe": {"run.placement"}}) == [
+        "run.placement -> launch.recipe"
+    ]  # the check sees an upward import
+    graph = _import_graph(typing=True)
+    assert "launch.start" in graph["launch.train"] and "run.resolve" in graph["run.placement"]  # not vacuous
+    assert _upward(graph) == []
+
+
+def test_each_subpackage_says_what_lives_there_and_imports_only_what_it_says():
+    graph = _import_graph(typing=True)
+    for package in SUBPACKAGES:
+        doc = _docstring(package)
+        named = set(re.findall(r"`(\w+)`", doc))
+        held = {m.split(".", 1)[1] for m in MODULES if m.startswith(f"{package}.")}
+        assert held <= named, f"{package}/__init__.py does not name {sorted(held - named)}"
+        may = _may_import(package)
+        assert all(_layer(name) < _layer(package) for name in may), (package, may)  # it may only import below
+        imported = {t.split(".")[0] for m in graph if m.startswith(f"{package}.") for t in graph[m]} - {package}
+        assert imported <= may, f"{package} imports {sorted(imported - may)}, which its docstring does not allow"
+
+
+def test_torch_free_modules_import_no_ml_library():
+    """The modules documented as torch-free (each subpackage's docstring names them) import no torch, trl,
+    transformers or accelerate when imported: the placement must run before CUDA can initialise, every rank's checks
+    take a second, and `--plan` and `--help` work without TRL. Each is imported in one fresh interpreter, in turn."""
+    torch_free = [m for package in SUBPACKAGES for m in _torch_free(package)]
+    brief = ("sharing.presets", "sharing.settings", "run.resolve", "launch.recipe", "run.placement", "planning.plan")
+    assert set(brief + ("planning.balance", "run.schedule", "run.checkpoints")) <= set(torch_free)
+    code = (
+        "import importlib, json, sys\n"
+        f"heavy, found = {HEAVY!r}, {{}}\n"
+        f"for name in {torch_free!r}:\n"
+        "    importlib.import_module('hacpo_trl.' + name)\n"
+        "    found[name] = [m for m in heavy if m in sys.modules]\n"
+        "print(json.dumps(found))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    first = next(((m, libs) for m, libs in json.loads(out.stdout).items() if libs), None)
+    assert first is None, f"importing hacpo_trl.{first[0]} imports {first[1]}"
