@@ -1,9 +1,10 @@
 """`HACPOTrainer`: TRL's `GRPOTrainer` for one agent of a HACPO run, sharing rollouts with the other agents.
 
-Each agent runs it in its own accelerate world (:mod:`hacpo_trl.run.topology`); what TRL does stays TRL's. This module is
-the glue: TRL's hooks, every forward pass and every collective over an agent's ranks. The logic is in the modules
-``sharing``, ``peer_rows``, ``peer_loss``, ``schedule``, ``updates``, ``padding``, ``metrics`` and ``checkpoints``,
-tested without a trainer. With ``share_rollouts=False`` the loss is TRL's own: exactly TRL's GRPO / GSPO.
+Each agent runs it in its own accelerate world (:mod:`hacpo_trl.run.topology`); what TRL does stays TRL's. This module
+is the glue: TRL's hooks, every forward pass and every collective over an agent's ranks. The logic is in `sharing`
+(decision, peer rows, peer loss), `run` (schedule, updates, padding, checkpoints), `training` (loading, metrics, the
+model card) and `generation` (the vLLM engine), tested without a trainer. With ``share_rollouts=False`` the loss is
+TRL's own: exactly TRL's GRPO / GSPO.
 """
 
 from __future__ import annotations
