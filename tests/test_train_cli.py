@@ -332,23 +332,28 @@ def test_a_resume_folder_without_a_checkpoint_is_refused_with_the_recipe_before_
     """`--resume_from_checkpoint` at a folder holding no checkpoint: one `<tool>: error:` line naming the folder and
     the fix, from the recipe checks, before any agent is built or evaluated (the training summary's 'before'
     evaluation never runs)."""
-    from hacpo_trl.launch import plan_cli, probe, train
-
-    monkeypatch.delenv("RANK", raising=False)
     empty = tmp_path / "empty_ckpt"
     empty.mkdir()
-    argv = ["--config", str(ROOT / "recipes" / "tiny_size.yaml"), "--output_dir", str(tmp_path / "run"),
-            "--resume_from_checkpoint", str(empty)]  # fmt: skip
-    built = []
-    monkeypatch.setattr("hacpo_trl.agents.builtin.resolve_model", lambda name: built.append(name) or name)
-    run = {"hacpo-train": train.main, "--plan": lambda a: plan_cli.main([*a, "--plan"]), "hacpo-probe": probe.main}
-    assert run[tool](argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    prog = "hacpo-train --plan" if tool == "--plan" else tool
+    prog, err = _refused(tool, ["--output_dir", str(tmp_path / "run"), "--resume_from_checkpoint", str(empty)],
+                         capsys, monkeypatch)  # fmt: skip
     line = next(x for x in err if x.startswith(f"{prog}: error:"))
     assert f"recipe key 'resume_from_checkpoint': resume_from_checkpoint '{empty}' is not a checkpoint folder" in line
     assert "pass `true` to resume every agent from the newest step all of them saved" in line
+
+
+def _refused(tool: str, flags: list[str], capsys, monkeypatch) -> tuple[str, list[str]]:
+    """``tool`` (hacpo-train, its --plan or hacpo-probe, run bare) on recipes/tiny_size.yaml with ``flags``, refused:
+    exit status 2, no agent built, no traceback. Returns the tool's name in its error line and the stderr lines."""
+    from hacpo_trl.launch import plan_cli, probe, train
+
+    monkeypatch.delenv("RANK", raising=False)
+    built = []
+    monkeypatch.setattr("hacpo_trl.agents.builtin.resolve_model", lambda name: built.append(name) or name)
+    run = {"hacpo-train": train.main, "--plan": lambda a: plan_cli.main([*a, "--plan"]), "hacpo-probe": probe.main}
+    assert run[tool](["--config", str(ROOT / "recipes" / "tiny_size.yaml"), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
     assert not built and "Traceback" not in "\n".join(err)
+    return ("hacpo-train --plan" if tool == "--plan" else tool), err
 
 
 @pytest.mark.skipif(
@@ -381,19 +386,9 @@ def test_a_malformed_flag_value_is_one_line_naming_the_flag(tool, tmp_path, caps
     """`--model_init_kwargs '{"dtype": bfloat16'` (a closing brace lost): flag values are read as YAML, and the
     parser's error used to escape as a 40-line `yaml.parser.ParserError` traceback, on every rank of a launch. Now the
     one `<tool>: error:` line names the flag and what is wrong with its value, before any agent is built."""
-    from hacpo_trl.launch import plan_cli, probe, train
-
-    monkeypatch.delenv("RANK", raising=False)
-    argv = ["--config", str(ROOT / "recipes" / "tiny_size.yaml"), "--output_dir", str(tmp_path / "run"),
-            "--model_init_kwargs", '{"dtype": bfloat16']  # fmt: skip
-    built = []
-    monkeypatch.setattr("hacpo_trl.agents.builtin.resolve_model", lambda name: built.append(name) or name)
-    run = {"hacpo-train": train.main, "--plan": lambda a: plan_cli.main([*a, "--plan"]), "hacpo-probe": probe.main}
-    assert run[tool](argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    prog = "hacpo-train --plan" if tool == "--plan" else tool
+    flags = ["--output_dir", str(tmp_path / "run"), "--model_init_kwargs", '{"dtype": bfloat16']
+    prog, err = _refused(tool, flags, capsys, monkeypatch)
     assert err[-1] == (
         f"""{prog}: error: flag --model_init_kwargs: malformed value '{{"dtype": bfloat16': expected ',' or '}}', """
         "but got '<stream end>' (column 19)"
     )
-    assert not built and "Traceback" not in "\n".join(err)
