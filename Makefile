@@ -43,7 +43,7 @@ install-vllm:
 # model, style, equal. A folder that holds a run is refused: `make demo DEMO_ARGS=--overwrite_output_dir` trains into it.
 DEMO_PAIR ?= size
 DEMO_METHOD ?= preset
-# The preset (src/hacpo_trl/presets.py; RECOMMENDED in benchmarks/reproduce.py is its settings).
+# The preset (src/hacpo_trl/sharing/presets.py; RECOMMENDED in benchmarks/reproduce.py is its settings).
 PRESET_ARGS = --sharing recommended
 # GSPO as the benchmark runs it: no sharing, 2 updates of 32 own rows per generation batch (24 steps = 12 batches).
 GSPO_ARGS = --share_rollouts false --per_device_train_batch_size 32 --steps_per_generation 2
@@ -92,8 +92,8 @@ $(BIN)/activate:
 test:
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile --durations 15
 
-# The tests that start no other process (`-m "not launch"`, see tests/conftest.py): 9-10 minutes on 2 cores busy
-# with other work (load average 6-9), less on idle ones.
+# The tests that start no other process (`-m "not launch"`, see tests/conftest.py): 2-10 minutes on 2 cores (load
+# average 1-9), 1:49 at 1 and 9-10 minutes at 6-9 with other work keeping the cores busy.
 # One worker: two gained a tenth while the cores were otherwise free and lost time while other work kept them busy.
 test-fast:
 	$(BIN)/python -m pytest tests -m "not launch"

@@ -21,7 +21,7 @@ def main() -> None:
 
     from hacpo_trl.config import HACPOConfig
     from hacpo_trl.launch.recipe import HACPOScriptArguments, check_recipe, load_recipe
-    from hacpo_trl.launch.train import run as _run  # hacpo-train's public run, named _run below
+    from hacpo_trl.launch.train import run  # hacpo-train's public run
     from hacpo_trl.run.topology import current_topology, exit_process
     from hacpo_trl.tasks.rewards import get_reward_funcs
 
@@ -32,9 +32,9 @@ def main() -> None:
         check_recipe(load_recipe(argv[argv.index("--config") + 1]), num_processes=launch_size)
         script_args, config = TrlParser((HACPOScriptArguments, HACPOConfig)).parse_args_and_config(argv)
         start = time.perf_counter()
-        # `_run`, not `hacpo_trl.train.main`: no check that the output folder is empty, on purpose (reproduce.py
+        # `run`, not hacpo-train's `main`: no check that the output folder is empty, on purpose (reproduce.py
         # gives each run its own folder and skips runs whose summary exists; a run it starts again was unfinished)
-        _run(script_args, config, get_reward_funcs(script_args.reward_funcs), shutdown=False)
+        run(script_args, config, get_reward_funcs(script_args.reward_funcs), shutdown=False)
         # the summary is written by global rank 0 at the end of the run
         if current_topology().global_rank == 0:
             root = os.path.dirname(os.path.normpath(config.output_dir))

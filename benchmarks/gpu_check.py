@@ -94,7 +94,7 @@ def batch_seconds(starts: list[float], end: float) -> list[float]:
 
 def make_report(plan, measurements: list[dict], title: str) -> tuple[dict, list[str]]:
     """Per agent (the worst of its ranks): measured peak reserved and allocated memory against the plan, the time
-    split and seconds per generation batch. ``plan`` is a `hacpo_trl.plan.Plan`; ``measurements`` one dict per rank:
+    split and seconds per generation batch. ``plan`` is a `hacpo_trl.planning.plan.Plan`; ``measurements`` one dict per rank:
     ``rank`` (global), ``agent``, ``peak_reserved_gib``, ``peak_allocated_gib``, ``device_used_gib``, ``times``
     (seconds per timer) and ``batch_seconds``."""
     report: dict = {"recipe": title, "device_gib": plan.device_gib, "agents": {}}

@@ -250,7 +250,8 @@ def preset_lines(results: dict[str, dict], args: argparse.Namespace, argv: list[
     lines += [
         "",
         f"All agents and repetitions ({', '.join(results)}): ratio overall {_spread(pooled['overall'])}, summed "
-        "{:.2f} [{:.2f}, {:.2f}]".format(*summed_ratio(every)) + f", untaught {_spread(pooled['untaught'])}, whole run "
+        "{:.2f} [{:.2f}, {:.2f}]".format(*summed_ratio(every))
+        + f", untaught {_spread(pooled['untaught'])}, whole run "
         f"{_spread(pooled['run'])} (goal: ≤ 1.10 overall, ≤ 1.05 untaught). Summed: the time of every measured batch "
         "of every repetition, preset over GSPO, with a 95% bootstrap interval over the repetitions; single "
         "repetitions spread as the [min–max] show, so only the summed ratio's interval is read against the goal.",

@@ -13,7 +13,7 @@ or partial grid continues where it stopped: run the same command again, or one `
 Each finished run is recorded in `<out>/runs.jsonl.gz` (`_runs.py`: its summary and what the tables read from its
 logs), which is committed; the run folders with the full logs are not.
 
-Every method of a pair starts from the same two warm-started agents (`hacpo_trl.demo.PAIRS`) and, for a given seed,
+Every method of a pair starts from the same two warm-started agents (`hacpo_trl.agents.demo.PAIRS`) and, for a given seed,
 sees the same prompt stream; each is evaluated the same way: greedy accuracy on the 500 held-out problems of
 `arithmetic_trace`, which no method and no choice of settings ever looks at (the remedy was chosen on the
 `validation` split, see RESULTS.md). Hyperparameters are the recipe's (`recipes/tiny_<pair>.yaml`) for every method.
@@ -70,7 +70,7 @@ SOLO = {"solo_steps_per_generation": 2}
 REMEDY_NAME = "HACPO + correct-only peers"
 REMEDY: dict = {"peer_filter": "correct"}
 
-# the stronger agent of each pair: the one built to the stronger band (`hacpo_trl.demo`; check accuracy_before): the
+# the stronger agent of each pair: the one built to the stronger band (`hacpo_trl.agents.demo`; check accuracy_before): the
 # directed-sharing method makes it learn from no one (`learn_from: <stronger>`: everyone else learns from it only)
 STRONGER = {"state": "trace-instruct", "size": "trace-large", "model": "trace-qwen2", "style": "trace-bracket"}
 
@@ -97,7 +97,7 @@ CAPPED_MOSTLY_FAILED = (
     "HACPO correct + failed-prompt floor 0.2 + failed rate 0.25 + taught cap 3 + GSPO solo schedule + band gate"
 )
 # the sharing settings the benchmark screened and did not adopt, by the names its rules gave them (RESULTS.md; the
-# library's public modes are `hacpo_trl.presets`': paper, recommended, none); each is the paper's rule with these
+# library's public modes are `hacpo_trl.sharing.presets`': paper, recommended, none); each is the paper's rule with these
 _FAILED_PROMPTS = {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2,
                    "taught_schedule": "solo", "band_gate": True}  # fmt: skip
 SCREENED_SHARING: dict[str, dict] = {
@@ -374,7 +374,7 @@ def _built_agents(pair: str) -> dict[str, dict]:
 
 
 def weaker_agent(pair: str, built: dict[str, dict] | None) -> str:
-    """The pair's weaker agent by capability at the start: the one built to the lower band (`hacpo_trl.demo`), or,
+    """The pair's weaker agent by capability at the start: the one built to the lower band (`hacpo_trl.agents.demo`), or,
     when both are built to one band (`equal`, `complement`), the one with the lower sampled validation accuracy at
     build (`built`: the pair's `AGENTS_RECORD`), what HACPO's capability P̂ measures. Named in results.json so that
     readers need not infer it from greedy accuracy, which ranks the size pair the other way."""

@@ -213,7 +213,7 @@ def test_demo_trains_two_builtin_agents_end_to_end(tmp_path, builtin_cache):
     numbers are its curve's two points), saved, loadable, plotted. Whether held-out accuracy rises is a draw of the
     run's sampling, not asserted here (the benchmark measures it over seeds); what is asserted holds for any draw: a
     generation batch whose rewards had a spread gave a learning signal, so the saved agent is no longer the built one."""
-    from hacpo_trl.demo import build_agent
+    from hacpo_trl.agents.demo import build_agent
 
     out = tmp_path / "demo"
     proc = accelerate_launch(

@@ -3,9 +3,9 @@
     python benchmarks/agents/build.py             # every agent of PAIRS and the demo's short-answer pair
     python benchmarks/agents/build.py --check     # only measure the committed agents and compare with agents.json
 
-Each agent is built by `hacpo_trl.demo.build_agent` (warm-started from its seed until its accuracy lies in its band,
+Each agent is built by `hacpo_trl.agents.demo.build_agent` (warm-started from its seed until its accuracy lies in its band,
 on one thread) into ``HACPO_CACHE`` and copied to ``benchmarks/agents/<name>/``, where ``builtin:<name>`` finds it
-on every machine (`hacpo_trl.builtin`). ``agents.json`` records, per agent, the build (steps, accuracy at build), the
+on every machine (`hacpo_trl.agents.builtin`). ``agents.json`` records, per agent, the build (steps, accuracy at build), the
 weights' SHA-256 and greedy accuracy before RL on each split of its task, exactly as a benchmark run measures it
 before training; README.md is written from it. ``--check`` measures the committed copies again: another CPU may
 differ in the last bits of a few problems, this one should not.
@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from hacpo_trl.demo import BUILD_RECORD, BUILTIN_AGENTS, PAIRS, build_agent  # noqa: E402
+from hacpo_trl.agents.demo import BUILD_RECORD, BUILTIN_AGENTS, PAIRS, build_agent  # noqa: E402
 
 RECORD = HERE / "agents.json"
 # the agents of every benchmark pair, the vLLM pair and the short-answer pair of the quickstart and the tests
@@ -53,7 +53,7 @@ def accuracy_before(folder: Path, task: str) -> dict[str, float]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hacpo_trl.evaluate import builtin_eval, evaluate_model
+    from hacpo_trl.evaluation.evaluate import builtin_eval, evaluate_model
 
     length, splits = EVALUATION[task]
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -116,11 +116,11 @@ def readme(agents: dict[str, dict], command: str) -> str:
         "# The benchmark's agents",
         "",
         "Every benchmark pair, the vLLM pair, `make demo` and the tests train from these folders: `builtin:<name>` "
-        "resolves to `benchmarks/agents/<name>` on every machine (`hacpo_trl.builtin`), so every number in "
+        "resolves to `benchmarks/agents/<name>` on every machine (`hacpo_trl.agents.builtin`), so every number in "
         "`benchmarks/RESULTS.md` starts from the same weights wherever it is rerun. `builtin:<name>@seed` builds the "
         "agent from its seed instead (cached in `HACPO_CACHE`); builds differ between CPUs, these copies do not.",
         "",
-        "Each was built by `hacpo_trl.demo.build_agent`: a tiny model from its seed, warm-started on its task's "
+        "Each was built by `hacpo_trl.agents.demo.build_agent`: a tiny model from its seed, warm-started on its task's "
         "`warmup` split, on one thread, until its accuracy on validation problems lies in its band "
         "(`BUILTIN_AGENTS`). *Accuracy before RL* is greedy accuracy, as every run measures it before training "
         "(trace tasks: the 300 validation and first 500 test problems, 40 tokens; `arithmetic`: its first 100 test problems, "

@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         "is fixed by the optimizer update it belongs to, and one forward over it must stay one forward (FSDP / "
         "ZeRO-3), so rows of different lengths share it; the no-gradient passes over a generation batch chunk rows "
         "by length. `group_by_length` regroups rows of equal weight within each update (same update, see "
-        "`hacpo_trl.padding.length_groups`).",
+        "`hacpo_trl.run.padding.length_groups`).",
         "",
     ]
     write_section(args.results, "padding", lines)
