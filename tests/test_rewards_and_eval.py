@@ -149,6 +149,23 @@ def test_arithmetic_splits_are_disjoint_and_reproducible():
     assert int(x) + int(y) == int(row["answer"])
 
 
+def test_fewshot_task_is_the_arithmetic_problems_as_plain_text_without_its_worked_examples():
+    from hacpo_trl.tasks.data import TASKS, fewshot_prompt
+    from hacpo_trl.tasks.rewards import TASK_REWARDS, arithmetic_exact_match
+
+    plain, chat = TASKS["arithmetic_fewshot"](), arithmetic_splits()
+    assert fewshot_prompt(12, 34) == "2+3=5\n14+8=22\n26+13=39\n12+34="
+    for name in ("train", "test"):
+        problems = [r["prompt"][0]["content"] for r in chat[name]]
+        kept = [p for p in problems if p not in ("2+3=", "14+8=", "26+13=")]
+        assert [r["prompt"].rsplit("\n", 1)[1] for r in plain[name]] == kept  # the same problems, in order
+        assert plain[name]["answer"] == [r["answer"] for r in chat[name] if r["prompt"][0]["content"] in kept]
+    assert len(plain["train"]) < len(chat["train"])  # the worked examples' own problems are among them
+    assert TASK_REWARDS["arithmetic_fewshot"] == TASK_REWARDS["arithmetic"]
+    # a 3-token completion: the answer and the line's end, and a cut-off start of the next line
+    assert arithmetic_exact_match(["46\n2", "4\n1", "\n46"], ["46", "46", "46"]) == [1.0, 0.0, 1.0]
+
+
 def test_evaluate_avg_and_best_at_k():
     import torch
 

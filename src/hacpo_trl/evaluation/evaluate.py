@@ -398,7 +398,7 @@ def load_benchmark(bench: Benchmark):
 
 # ------------------------------------------------------------------------------ the built-in tasks, as trained
 
-BUILTIN_TASKS = ("arithmetic", "arithmetic_trace", "arithmetic_trace_carries")
+BUILTIN_TASKS = ("arithmetic", "arithmetic_fewshot", "arithmetic_trace", "arithmetic_trace_carries")
 TASK_RECORD = "hacpo_task.json"  # written next to each saved agent by `hacpo-train`: what it was trained on
 
 

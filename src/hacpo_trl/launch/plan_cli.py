@@ -59,14 +59,20 @@ def model_config(name_or_path: str) -> dict:
 
 
 def _builtin_config(name: str) -> dict:
-    """The demo agent's architecture, from an untrained copy (tiny: no warm start, nothing cached)."""
+    """A built-in model's architecture: a demo agent's from an untrained copy (tiny: no warm start, nothing cached);
+    a real pretrained model's from its converted folder (converted first where it is not yet, as training would)."""
     from ..agents.demo import BUILTIN_AGENTS, untrained
+    from ..agents.pretrained import PRETRAINED, build_pretrained
     from ..agents.shapes import SHAPES, shape_config
 
     if name in SHAPES:
         return shape_config(name).to_dict()
+    if name in PRETRAINED:
+        with open(os.path.join(build_pretrained(name), "config.json")) as f:
+            return json.load(f)
     if name not in BUILTIN_AGENTS:
-        raise ValueError(f"unknown built-in agent {name!r}; available: {sorted(BUILTIN_AGENTS)}")
+        known = sorted([*BUILTIN_AGENTS, *PRETRAINED, *SHAPES])
+        raise ValueError(f"unknown built-in agent {name!r}; available: {known}")
     return untrained(BUILTIN_AGENTS[name])[0].config.to_dict()
 
 
@@ -91,10 +97,10 @@ def _defaults() -> dict:
 
 def _dataset_rows(recipe: dict) -> int | None:
     task = recipe.get("task", "arithmetic")
-    if task == "arithmetic":
-        from ..tasks.data import arithmetic_splits
+    if task in ("arithmetic", "arithmetic_fewshot"):
+        from ..tasks.data import TASKS
 
-        return len(arithmetic_splits()["train"])
+        return len(TASKS[task]()["train"])
     if task == "math":
         return DATASET_ROWS.get(recipe.get("dataset_name") or "DigitalLearningGmbH/MATH-lighteval")
     return DATASET_ROWS.get(recipe.get("dataset_name"))
@@ -115,7 +121,11 @@ def _tokenizer(name_or_path: str):
             return bpe_tokenizer()
         if name in BUILTIN_AGENTS:
             return char_tokenizer() if BUILTIN_AGENTS[name].architecture == "llama" else bpe_tokenizer()
-        return None
+        from ..agents.pretrained import converted_folder
+
+        name_or_path = converted_folder(name)  # a built-in pretrained model, where it has been converted already
+        if name_or_path is None:
+            return None
     try:
         return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
     except (OSError, ValueError):
@@ -131,14 +141,18 @@ def prompt_tokens(recipe: dict, specs) -> tuple[dict[str, int], list[str]]:
     found: dict[str, int] = {}
     missing: list[str] = []
     prompts = list(TASKS[task]()["train"]["prompt"]) if task in TASKS else None
+    plain = prompts is not None and bool(prompts) and isinstance(prompts[0], str)  # no chat template: TRL's text
     for spec in specs:
         tok = _tokenizer(spec.model_name_or_path) if prompts is not None else None
-        if tok is None or not getattr(tok, "chat_template", None):
+        if tok is None or not (plain or getattr(tok, "chat_template", None)):
             missing.append(spec.name)
             continue
         kwargs = spec.chat_template_kwargs or recipe.get("chat_template_kwargs") or {}
         try:
-            ids = tok.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True, **kwargs)["input_ids"]
+            if plain:
+                ids = tok(prompts)["input_ids"]
+            else:
+                ids = tok.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True, **kwargs)["input_ids"]
         except Exception:  # a template that needs other messages or arguments: the plan's allowance instead
             missing.append(spec.name)
             continue

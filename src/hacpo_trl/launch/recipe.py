@@ -52,7 +52,7 @@ __all__ = [
 
 
 # what a recipe may train on: the built-in tasks with an RL split (`hacpo_trl.tasks.data`), MATH, or any dataset
-RECIPE_TASKS = ("arithmetic", "arithmetic_trace", "arithmetic_trace_carries", "math", "dataset")
+RECIPE_TASKS = ("arithmetic", "arithmetic_fewshot", "arithmetic_trace", "arithmetic_trace_carries", "math", "dataset")
 
 
 class RecipeError(ValueError):
@@ -64,7 +64,8 @@ class HACPOScriptArguments:
     """What to train on, how to score it, and what the script reports.
 
     Args:
-        task: ``"arithmetic"`` (the built-in short-answer task), ``"arithmetic_trace"`` (the built-in worked-solution
+        task: ``"arithmetic"`` (the built-in short-answer task), ``"arithmetic_fewshot"`` (its problems as a plain
+            few-shot text, for real pretrained models), ``"arithmetic_trace"`` (the built-in worked-solution
             task, see `hacpo_trl.tasks.data`), ``"arithmetic_trace_carries"`` (the same on two halves of the problems,
             with and without carries, accuracy reported per half), ``"math"`` (MATH with the boxed-answer
             instruction) or ``"dataset"`` (any dataset with ``prompt`` and ``answer`` columns).
@@ -90,7 +91,10 @@ class HACPOScriptArguments:
 
     task: str = field(
         default="arithmetic",
-        metadata={"help": "'arithmetic', 'arithmetic_trace', 'arithmetic_trace_carries', 'math' or 'dataset'."},
+        metadata={
+            "help": "'arithmetic', 'arithmetic_fewshot', 'arithmetic_trace', 'arithmetic_trace_carries', 'math' or "
+            "'dataset'."
+        },
     )
     dataset_name: str | None = field(default=None, metadata={"help": "Dataset id or path."})
     dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration."})
@@ -106,8 +110,8 @@ class HACPOScriptArguments:
         default=None,
         metadata={
             "help": "Reward names (arithmetic_exact, arithmetic_trace, math_verify, boxed_format) or import paths "
-            "'module:function'; None: the task's own (arithmetic -> arithmetic_exact, arithmetic_trace -> arithmetic_trace, "
-            "math -> math_verify)."
+            "'module:function'; None: the task's own (arithmetic, arithmetic_fewshot -> arithmetic_exact, "
+            "arithmetic_trace -> arithmetic_trace, math -> math_verify)."
         },
     )
     eval_samples: int = field(default=300, metadata={"help": "Held-out problems to evaluate before and after."})

@@ -14,8 +14,13 @@ Built-in tasks (both answer-graded, split into disjoint ``warmup`` / ``train`` /
   ``2+5=7, 4+3+0=7, 3+6+0=9, so 977``); every split is half of each, for the ``complement`` pair of agents, each
   warm-started mostly on one half (`HALVES`, `carry_trace_splits`).
 
-Every dataset has a conversational ``prompt`` column (so each agent applies its own chat template) and an
-``answer`` column that the rewards compare against.
+* ``arithmetic_fewshot``: the ``arithmetic`` problems as a plain few-shot text, ``2+3=5\n14+8=22\n26+13=39\n12+34=``,
+  for real pretrained models, base and instruct alike: under their chat templates SmolLM2-135M-Instruct and
+  Gemma-3-270M (base) answer 1-digit sums 4-8% of the time, on this text 38% and 73% (greedy). Its prompts are
+  strings, which TRL tokenizes without a chat template; the reward is the first number of the completion.
+
+Every other dataset has a conversational ``prompt`` column (so each agent applies its own chat template), and every
+dataset an ``answer`` column that the rewards compare against.
 """
 
 from __future__ import annotations
@@ -28,11 +33,14 @@ __all__ = [
     "BOXED_INSTRUCTION",
     "HALVES",
     "TASKS",
+    "FEWSHOT_EXAMPLES",
     "arithmetic_splits",
     "TRACE_STYLES",
     "bracket_trace_splits",
     "carry_half",
     "carry_trace_splits",
+    "fewshot_prompt",
+    "fewshot_splits",
     "load_any_dataset",
     "math_dataset",
     "task_splits",
@@ -63,6 +71,31 @@ def arithmetic_splits(seed: int = 0, max_operand: int = 49, test_size: int = 300
         "warmup": Dataset.from_list([_problem(a, b) for a, b in rest[:half]]),
         "train": Dataset.from_list([_problem(a, b) for a, b in rest[half:]]),
     }
+
+
+# the worked examples of `arithmetic_fewshot`'s prompts: a 1-digit, a mixed and a 2-digit sum, one with a carry
+FEWSHOT_EXAMPLES = ((2, 3), (14, 8), (26, 13))
+
+
+def fewshot_prompt(a: int, b: int) -> str:
+    """``a+b`` after the worked examples, one sum per line, as a plain text a base model continues."""
+    shots = "".join(f"{x}+{y}={x + y}\n" for x, y in FEWSHOT_EXAMPLES)
+    return f"{shots}{a}+{b}="
+
+
+def fewshot_splits(seed: int = 0, max_operand: int = 49, test_size: int = 300) -> dict[str, Dataset]:
+    """The ``arithmetic`` splits with plain few-shot prompts (`fewshot_prompt`); the worked examples' own problems
+    are left out of every split."""
+    examples = {f"{a}+{b}=" for a, b in FEWSHOT_EXAMPLES}
+
+    def plain(split: Dataset) -> Dataset:
+        rows = [r for r in split if r["prompt"][0]["content"] not in examples]
+        return Dataset.from_list(
+            [{"prompt": fewshot_prompt(*map(int, r["prompt"][0]["content"][:-1].split("+"))), "answer": r["answer"]}
+             for r in rows]
+        )  # fmt: skip
+
+    return {name: plain(split) for name, split in arithmetic_splits(seed, max_operand, test_size).items()}
 
 
 TRACE_STYLES = ("steps", "bracket")
@@ -198,6 +231,7 @@ def carry_trace_splits(
 
 TASKS = {
     "arithmetic": arithmetic_splits,
+    "arithmetic_fewshot": fewshot_splits,
     "arithmetic_trace": trace_splits,
     "arithmetic_trace_bracket": bracket_trace_splits,
     "arithmetic_trace_carries": carry_trace_splits,

@@ -129,6 +129,7 @@ REWARD_FUNCS: dict[str, Callable] = {
 # task's answers scores every completion 0, and the run learns nothing without saying why).
 TASK_REWARDS: dict[str, str] = {
     "arithmetic": "arithmetic_exact",
+    "arithmetic_fewshot": "arithmetic_exact",
     "arithmetic_trace": "arithmetic_trace",
     "arithmetic_trace_bracket": "arithmetic_trace",
     "arithmetic_trace_carries": "arithmetic_trace",
