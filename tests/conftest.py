@@ -28,6 +28,10 @@ from helpers import accelerate_launch, hang_guard, summaries  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
+    if "real_pair" not in (config.getoption("markexpr") or ""):  # minutes of two real models: asked for by name only
+        kept = [item for item in items if item.get_closest_marker("real_pair") is None]
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
     default = float(config.getini("timeout") or 0)
     for item in items:
         mark = item.get_closest_marker("timeout")

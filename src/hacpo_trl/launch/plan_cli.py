@@ -266,7 +266,7 @@ def main(argv: list[str]) -> int:
         recipe = load_recipe(args.config, rest)
         accelerate_config = args.accelerate_config or _recipe_accelerate_config(recipe, args.config)
         plan = build_plan(recipe, accelerate_config, args.gpu_memory_gib, args.dataset_rows, args.gpus_per_node)
-    except (RecipeError, ValueError, OSError) as exc:
+    except (RecipeError, ValueError, OSError, ImportError) as exc:  # ImportError: a built-in model's package
         print(f"hacpo-train --plan: error: {exc}", file=sys.stderr)
         return 2
     # inside a launch, one copy is enough

@@ -1,6 +1,6 @@
 """Datasets: the built-in tasks (offline, from a seed) and the paper's MATH training set.
 
-Built-in tasks (both answer-graded, split into disjoint ``warmup`` / ``train`` / ``test``):
+Built-in tasks (all answer-graded, split into disjoint ``warmup`` / ``train`` / ``test``):
 
 * ``arithmetic``: ``12+34=`` -> ``46``; completions are 2-3 tokens, so a peer ratio is two models' probabilities of
   the answer itself (far from the paper's regime, kept for tests and comparison).
