@@ -1,5 +1,7 @@
 """How many problems the stronger agent of each pair fails at every sample while its weaker peer solves one: the
 prompts `capability_gate_rescue` would lend the weaker peer's rows on, measured before any RL (RESULTS.md, rule 8).
+And where the stronger agent gets no GRPO signal of its own (every sample right, or every one wrong) or is unsure
+(some right), with what the weaker peer wrote there: the rows a lever of another kind than the preset's would use.
 
     python benchmarks/studies/failure-overlap/failure_overlap.py      # the first 200 validation problems, 8 samples at T = 1, 40 tokens
 
@@ -63,17 +65,32 @@ def main() -> None:
     lines = ["## Problems the stronger agent fails at every sample, and its weaker peer solves", "",
              "| pair | stronger (sampled acc.) | weaker (sampled acc.) | stronger fails all | of which weaker solves | "
              "weaker's correct samples there |", "|---|---|---|---|---|---|"]  # fmt: skip
+    signal = {}
     # the paper's four pairs, on arithmetic_trace
     for pair, strong in STRONGER.items():
         weak = next(a for a in PAIRS[pair] if a != strong)
         s = correct_samples(strong, rows, opts.samples, opts.tokens) > 0
         w = correct_samples(weak, rows, opts.samples, opts.tokens) > 0
         failed = s.sum(1) == 0
+        signal[pair] = (s, w)
         lines.append(
             f"| {pair} | `{strong}` ({s.float().mean():.3f}) | `{weak}` ({w.float().mean():.3f}) | {int(failed.sum())} "
             f"| {int((failed & (w.sum(1) > 0)).sum())} | {int(w[failed].sum())} |"
         )
         print(lines[-1], flush=True)
+    lines += ["", "## Where the stronger agent has no signal of its own, and what its weaker peer wrote there", "",
+              "Per pair, the problems by how many of the stronger agent's samples are right: all (no signal: GRPO's "
+              "advantages are 0), some (unsure) or none (no signal); with the weaker peer's wrong samples where the "
+              "stronger solves all (plausible negatives) and its right samples where the stronger is unsure or fails all.", "",
+              "| pair | stronger solves all | weaker's wrong samples there | unsure (1 to k-1 right) | weaker's right "
+              "samples there | stronger fails all | weaker's right samples there |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for pair, (s, w) in signal.items():
+        solved, failed = s.sum(1) == s.shape[1], s.sum(1) == 0
+        unsure = ~solved & ~failed
+        lines.append(
+            f"| {pair} | {int(solved.sum())} | {int((~w[solved]).sum())} | {int(unsure.sum())} | {int(w[unsure].sum())} "
+            f"| {int(failed.sum())} | {int(w[failed].sum())} |"
+        )
     lines += ["", f"{opts.problems} validation problems x {opts.samples} samples at T = 1, {opts.tokens} new tokens.",
               provenance("studies/failure-overlap/failure_overlap.py", sys.argv[1:], time.perf_counter() - start)]  # fmt: skip
     write_section(Path(__file__).resolve().parent / "RESULTS.md", "failure-overlap", lines)
