@@ -4,7 +4,8 @@ folders, which git ignores: a run makes them again (docs/benchmark.md).
 
 Per agent: the first logged learning rate (`reproduce.check_run_schedule`), the mean over the run of each peer-ratio
 metric (`reproduce.peer_stats`), and the generation batches' sharing decisions (`hacpo/learns_from/<peer>`,
-`hacpo/taught_prompts/<peer>`, `hacpo/peer_rows`, one column per key over the log entries that hold a decision).
+`hacpo/taught_prompts/<peer>`, `hacpo/peer_rows`, one column per key over the log entries that hold a decision), and
+the learner's solved, unsure and failed prompts with what its peers wrote there (`hacpo/prompts/...`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ PEER_KEYS = {
     "low": "hacpo/peer_clipped_low",
     "high": "hacpo/peer_clipped_high",
 }
-DECISIONS = ("hacpo/learns_from/", "hacpo/taught_prompts/")  # logged once per generation batch
+# logged once per generation batch: the sharing decisions, and where the learner's own groups carry a signal
+DECISIONS = ("hacpo/learns_from/", "hacpo/taught_prompts/", "hacpo/prompts/")
 _loaded: dict[Path, dict[str, dict]] = {}
 
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from hacpo_trl.run.exchange import RolloutBatch
 from hacpo_trl.training.metrics import (
     LOSS_SUMS,
     capability_metrics,
@@ -11,6 +12,7 @@ from hacpo_trl.training.metrics import (
     loss_metrics,
     peer_ratio_metrics,
     peer_row_metrics,
+    prompt_outcome_metrics,
 )
 
 
@@ -96,4 +98,33 @@ def test_capability_and_exchange_metrics():
         "hacpo/time/exchange_wait": 0.5,
         "hacpo/exchange_bytes": 1024,
         "hacpo/retokenize_time": 0.125,
+    }
+
+
+def test_prompt_outcome_metrics_counts_by_hand():
+    """Prompt p1 solved 2 of 2 by the learner, p2 unsure (1 of 2), p3 failed (0 of 2, a NaN not scored); the peer's
+    wrong rows on p1, right rows on p2 and p3, counted over two ranks' records."""
+    nan = float("nan")
+    records = [
+        RolloutBatch("A", 0, 0, ["p1", "p1", "p2", "p2"], rewards=[1.0, 1.0, 1.0, 0.0]),
+        RolloutBatch("A", 1, 0, ["p3", "p3", "p3"], rewards=[0.0, 0.0, nan]),
+        RolloutBatch("B", 2, 0, ["p1", "p1", "p1", "p2"], rewards=[0.0, 0.0, 1.0, 1.0]),
+        RolloutBatch("B", 3, 0, ["p2", "p3", "p3", "p4"], rewards=[0.0, 1.0, nan, 1.0]),
+    ]
+    assert prompt_outcome_metrics(records, "A") == {
+        "hacpo/prompts/solved": 1.0,
+        "hacpo/prompts/unsure": 1.0,
+        "hacpo/prompts/failed": 1.0,
+        "hacpo/prompts/B_wrong_on_solved": 2.0,
+        "hacpo/prompts/B_right_on_unsure": 1.0,
+        "hacpo/prompts/B_right_on_failed": 1.0,
+    }
+    # from B's side: p1 unsure (1 of 3), p2 unsure (1 of 2), p3 solved (1 of 1 scored), p4 solved
+    assert prompt_outcome_metrics(records, "B") == {
+        "hacpo/prompts/solved": 2.0,
+        "hacpo/prompts/unsure": 2.0,
+        "hacpo/prompts/failed": 0.0,
+        "hacpo/prompts/A_wrong_on_solved": 2.0,
+        "hacpo/prompts/A_right_on_unsure": 3.0,
+        "hacpo/prompts/A_right_on_failed": 0.0,
     }

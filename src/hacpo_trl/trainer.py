@@ -222,18 +222,19 @@ class HACPOTrainer(GRPOTrainer):
         per_func, process = self._captured["rewards_per_func"], self.accelerator.process_index
         rewards = peer_rows.own_rewards(per_func, self.reward_weights, process, len(inputs))  # NaN = unscorable
         columns = peer_rows.add_self_columns(batch, self._own_old_logps(batch), rewards, self.eos_token_ids)
+        prompt_ids, step = [x[PROMPT_ID_COLUMN] for x in inputs], self.state.global_step
         if mode == "eval" or len(self.agent_names) == 1 or not self.args.share_rollouts:
             if len(self.agent_names) > 1 and mode == "train":
-                self._exchange_capabilities(rewards)
+                self._exchange_capabilities(rewards, prompt_ids)
             return self._own_rows_only(batch)
         texts = [completion_text(c) for c in self._captured["completions"]]
-        prompt_ids, step = [x[PROMPT_ID_COLUMN] for x in inputs], self.state.global_step
         record = RolloutBatch(self.agent, self.topology.global_rank, step, prompt_ids, texts, **columns)
         records = self.exchange.all_gather(record, what=f"rollouts of step {step}")
         exchange_time = self.exchange.last_seconds
         exchange.check_same_prompts(records, self.agent, step)
         self.last_records, self.last_peer_rows = records, None
         by_agent = self._update_capability(records, mode)
+        self._log(mode, metrics.prompt_outcome_metrics(records, self.agent))
         decision = self.last_decision = self._sharing_decision(records)
         rows = None if decision.solo else self._peer_rows(prompt_ids, rewards, by_agent, *decision.rows_args())
         if rows is not None and self.sharing.band_gate:  # the band gate needs a forward over the peer rows
@@ -263,13 +264,15 @@ class HACPOTrainer(GRPOTrainer):
         batch["advantages"] = torch.nan_to_num(batch["advantages"], nan=0.0)
         return batch
 
-    def _exchange_capabilities(self, rewards: torch.Tensor) -> None:
-        """Without sharing, agents still exchange rewards, so every log shows every agent's capability."""
+    def _exchange_capabilities(self, rewards: torch.Tensor, prompt_ids: list[str]) -> None:
+        """Without sharing, agents still exchange rewards (and prompt ids), so every log shows every agent's
+        capability and where its peers' answers differ from its own."""
         rank, step = self.topology.global_rank, self.state.global_step
-        record = RolloutBatch(self.agent, rank, step, [""] * len(rewards), rewards=rewards.tolist())
+        record = RolloutBatch(self.agent, rank, step, list(prompt_ids), rewards=rewards.tolist())
         records = self.exchange.all_gather(record, what=f"rewards of step {step}")
         self._log("train", metrics.exchange_metrics(self.exchange, self.exchange.last_seconds, 0.0))
         self._update_capability(records, "train")
+        self._log("train", metrics.prompt_outcome_metrics(records, self.agent))
 
     def _update_capability(self, records: list[RolloutBatch], mode: str) -> dict[str, list[RolloutBatch]]:
         step_rewards = exchange.rewards_by_agent(records, self.agent_names)

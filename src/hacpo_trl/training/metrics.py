@@ -6,6 +6,7 @@ metrics, so every value is over the agent's whole mini-batch, not one rank's sha
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -30,6 +31,7 @@ __all__ = [
     "padding_metrics",
     "peer_ratio_metrics",
     "peer_row_metrics",
+    "prompt_outcome_metrics",
     "sharing_metrics",
 ]
 
@@ -162,6 +164,37 @@ def sharing_metrics(
         out.update({f"hacpo/taught_prompts/{p}": share[p] for p in others})
     if settings.capability_gate and settings.capability_gate_confidence:
         out.update(gate_evidence_metrics(learner, capabilities, rows, settings.capability_gate))
+    return out
+
+
+def prompt_outcome_metrics(records, learner: str) -> dict[str, float]:
+    """Where the learner's own groups carry a signal at this generation batch, and what each other agent wrote there,
+    over every rank's ``records`` (:class:`~hacpo_trl.run.exchange.RolloutBatch`, prompt ids and rewards; a positive
+    reward is right). A prompt the learner got right at every scored completion is *solved* and one it got right at
+    none is *failed*: GSPO's advantages there are all 0. Any other scored prompt is *unsure*. Logged per batch: the
+    count of each kind (``hacpo/prompts/solved``, ``unsure``, ``failed``) and, per other agent, its wrong rows on the
+    solved prompts and its right rows on the unsure and failed ones (``hacpo/prompts/<peer>_wrong_on_solved``, ...)."""
+    own: dict[str, list[float]] = {}
+    for r in records:
+        if r.agent == learner:
+            for pid, reward in zip(r.prompt_ids, r.rewards, strict=True):
+                if math.isfinite(reward):
+                    own.setdefault(pid, []).append(reward)
+    kind = {pid: "solved" if all(x > 0 for x in rs) else "failed" if not any(x > 0 for x in rs) else "unsure"
+            for pid, rs in own.items()}  # fmt: skip
+    out = {f"hacpo/prompts/{k}": float(sum(v == k for v in kind.values())) for k in ("solved", "unsure", "failed")}
+    for peer in dict.fromkeys(r.agent for r in records if r.agent != learner):
+        counts = {"wrong_on_solved": 0, "right_on_unsure": 0, "right_on_failed": 0}
+        for r in (r for r in records if r.agent == peer):
+            for pid, reward in zip(r.prompt_ids, r.rewards, strict=True):
+                if not math.isfinite(reward) or pid not in kind:
+                    continue
+                right, where = reward > 0, kind[pid]
+                if where == "solved" and not right:
+                    counts["wrong_on_solved"] += 1
+                elif where != "solved" and right:
+                    counts[f"right_on_{where}"] += 1
+        out.update({f"hacpo/prompts/{peer}_{k}": float(n) for k, n in counts.items()})
     return out
 
 
