@@ -29,7 +29,7 @@ PEER_KEYS = {
     "high": "hacpo/peer_clipped_high",
 }
 # logged once per generation batch: the sharing decisions, and where the learner's own groups carry a signal
-DECISIONS = ("hacpo/learns_from/", "hacpo/taught_prompts/", "hacpo/prompts/")
+DECISIONS = ("hacpo/learns_from/", "hacpo/taught_prompts/", "hacpo/negative_prompts/", "hacpo/prompts/")
 _loaded: dict[Path, dict[str, dict]] = {}
 
 

@@ -96,6 +96,11 @@ CAPPED_ALMOST_FAILED = RECOMMENDED
 CAPPED_MOSTLY_FAILED = (
     "HACPO correct + failed-prompt floor 0.2 + failed rate 0.25 + taught cap 3 + GSPO solo schedule + band gate"
 )
+# rule 20's candidate (issue 55): B with a peer's wrong rows as capped negatives where the learner is unsure
+UNSURE_NEGATIVES = (
+    "HACPO correct + failed-prompt floor 0.2 + failed rate 0.125 + taught cap 3 + unsure negatives + GSPO solo "
+    "schedule + band gate"
+)
 # the sharing settings the benchmark screened and did not adopt, by the names its rules gave them (RESULTS.md; the
 # library's public modes are `hacpo_trl.sharing.presets`': paper, recommended, none); each is the paper's rule with these
 _FAILED_PROMPTS = {"peer_filter": "correct", "peer_prompts": "failed", "taught_ratio_floor": 0.2,
@@ -106,6 +111,8 @@ SCREENED_SHARING: dict[str, dict] = {
     "capped_taught": {**_FAILED_PROMPTS, "taught_cap": 3},  # rule 17's candidate A
     "capped_almost_failed": {**_FAILED_PROMPTS, "taught_cap": 3, "taught_failed_rate": 0.125},  # B: `recommended`
     "capped_mostly_failed": {**_FAILED_PROMPTS, "taught_cap": 3, "taught_failed_rate": 0.25},  # rule 18's C
+    "capped_unsure_negatives": {**_FAILED_PROMPTS, "taught_cap": 3, "taught_failed_rate": 0.125,
+                                "peer_negatives": "unsure"},  # rule 20's N
     "confident_gate": {"peer_filter": "correct", "capability_gate": 1.0, "capability_gate_confidence": 0.95,
                        "band_gate": True},  # rule 7's preset
 }  # fmt: skip
@@ -114,7 +121,8 @@ SHARING_SETTINGS = {**SHARING_CHANGES, **SCREENED_SHARING}
 # the method each name ran as (their settings here are the names' plus the schedule)
 PRESET_METHODS = {"recommended": RECOMMENDED, "quarter_weight": QUARTER_PRESET, "failed_prompts": PREVIOUS_PRESET,
                   "confident_gate": FORMER_PRESET, "capped_taught": CAPPED,
-                  "capped_almost_failed": CAPPED_ALMOST_FAILED, "capped_mostly_failed": CAPPED_MOSTLY_FAILED}  # fmt: skip
+                  "capped_almost_failed": CAPPED_ALMOST_FAILED, "capped_mostly_failed": CAPPED_MOSTLY_FAILED,
+                  "capped_unsure_negatives": UNSURE_NEGATIVES}  # fmt: skip
 
 # the public sharing modes (`hacpo_trl`'s presets) by the methods that run them, for `--methods`
 ALIASES = {"recommended": RECOMMENDED, "paper": "HACPO", "none": "GSPO"}
@@ -232,12 +240,14 @@ CANDIDATES: dict[str, tuple[dict, int, int]] = {
         for scale in (0.5, 0.25)
     },
     # taught rows at full weight while few, damped when many: a batch's taught rows weigh at most 3 rows' worth
-    # (rule 17), and the same also on the prompts the learner solved at most 1 in 8 (rule 17) or 2 in 8 (rule 18);
-    # their settings are their `sharing:` names'
+    # (rule 17), and the same also on the prompts the learner solved at most 1 in 8 (rule 17) or 2 in 8 (rule 18),
+    # and B with a peer's wrong rows as negatives where the learner is unsure (rule 20); their settings are their
+    # `sharing:` names'
     **{
         method: ({**SCREENED_SHARING[name], **SOLO, **HACPO_SCHEDULE}, 8, 4)
         for name, method in (("capped_taught", CAPPED), ("capped_almost_failed", CAPPED_ALMOST_FAILED),
-                             ("capped_mostly_failed", CAPPED_MOSTLY_FAILED))
+                             ("capped_mostly_failed", CAPPED_MOSTLY_FAILED),
+                             ("capped_unsure_negatives", UNSURE_NEGATIVES))
     },
 }  # fmt: skip
 METHODS |= CANDIDATES

@@ -8,7 +8,13 @@ import torch
 from hacpo_trl.agents.tiny import char_tokenizer
 from hacpo_trl.algorithm import capability_aware_advantages
 from hacpo_trl.run.exchange import RolloutBatch
-from hacpo_trl.sharing.peer_rows import append_peer_rows, build_peer_rows, self_prompt_tokens, taught_cap_factor
+from hacpo_trl.sharing.peer_rows import (
+    append_peer_rows,
+    build_peer_rows,
+    negative_cap_factor,
+    self_prompt_tokens,
+    taught_cap_factor,
+)
 from helpers import BPE, CAPS, LONG, NAN, SELF_IDS, SELF_REWARDS, records, settings
 
 CHAR = char_tokenizer()
@@ -277,3 +283,50 @@ def test_taught_cap_counts_the_batchs_taught_rows_over_every_rank():
     assert taught_cap_factor(records, {"C"}, {}, settings(taught_cap=1)) == 0.2  # every prompt of C's: q2 too
     assert taught_cap_factor(records, {"C"}, only, settings(taught_cap=0)) == 1.0
     assert taught_cap_factor(records, set(), only, settings(taught_cap=1)) == 1.0
+
+
+def _negatives_case(**overrides):
+    """A solved q1 twice in 4 (unsure) and failed q2; B wrote two wrong rows and a right one on q1, a right and a
+    wrong one on q2. B teaches q2 (its right row) and gives negatives on q1 (its wrong rows)."""
+    ids = ["q1", "q1", "q1", "q1", "q2", "q2"]
+    rewards = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    own = RolloutBatch("A", 0, 3, ids, ["own"] * 6, rewards.tolist(), [-1.0] * 6, [3] * 6, [True] * 6)
+    peer = RolloutBatch(
+        "B", 1, 3, ["q1", "q1", "q1", "q2", "q2"], ["5", "6", "4", "7", "8"], [0.0, 0.0, 1.0, 1.0, 0.0],
+        [-0.5] * 5, [2] * 5, [True] * 5,
+    )  # fmt: skip
+    only = {"B": {"q1", "q2"}}
+    args = (ids, rewards, [own, peer], "A", ["A", "B"], CAPS, settings(peer_filter="correct", **overrides), BPE)
+    with_negatives = build_peer_rows(*args, only_prompts=only, taught={"B"}, negatives={"B": {"q1"}})
+    without = build_peer_rows(*args, only_prompts={"B": {"q2"}}, taught={"B"})
+    return with_negatives, without
+
+
+def test_negative_rows_by_hand():
+    """`peer_negatives: unsure`: each wrong row of B on q1 gets the advantage A's own wrong rows have there in its
+    own group, (0 − 0.5) / (std([1, 1, 0, 0]) + eps) = −0.5 / (sqrt(1/3) + 1e-6); B's right row on q1 is left out
+    and q1's own advantages are GSPO's; q2 (taught) is as without negatives."""
+    rows, without = _negatives_case()
+    assert rows.sources == ["B", "B", "B"] and rows.prompt_ids == ["q2", "q1", "q1"]
+    assert rows.filtered == 2  # B's wrong row on q2 (correct-only), its right row on q1 (no positives there)
+    own_wrong = -0.5 / (math.sqrt(1 / 3) + 1e-6)
+    assert rows.advantages == pytest.approx([without.advantages[0], own_wrong, own_wrong], rel=1e-6)
+    assert rows.taught == [True, True, True]
+    assert rows.self_advantages[:4].tolist() == pytest.approx([-own_wrong, -own_wrong, own_wrong, own_wrong], rel=1e-6)
+    torch.testing.assert_close(rows.self_advantages[4:], without.self_advantages[4:])
+
+
+def test_negative_rows_are_capped_apart_from_the_taught_ones():
+    """`taught_cap` 1: the two negative rows weigh one row's worth (each times 1/2); the one correct taught row keeps
+    its weight. The counts by hand: B's right rows on a negative prompt are not taught rows, its wrong rows there are
+    the negatives."""
+    rows, without = _negatives_case(taught_cap=1)
+    own_wrong = -0.5 / (math.sqrt(1 / 3) + 1e-6)
+    assert rows.advantages == pytest.approx([without.advantages[0], own_wrong / 2, own_wrong / 2], rel=1e-6)
+    b = RolloutBatch("B", 1, 3, ["q1"] * 4, list("abcd"), [0.0, 1.0, 1.0, 0.0], [-0.5] * 4, [2] * 4, [True] * 4)
+    capped = settings(peer_filter="correct", taught_cap=1)
+    assert negative_cap_factor([b], {"B": {"q1"}}, capped) == 0.5  # two wrong rows
+    assert negative_cap_factor([b], {"B": {"q1"}}, settings(taught_cap=0)) == 1.0
+    assert negative_cap_factor([b], {}, capped) == 1.0
+    assert taught_cap_factor([b], {"B"}, {"B": {"q1"}}, capped) == 0.5  # two right rows, as taught rows
+    assert taught_cap_factor([b], {"B"}, {"B": {"q1"}}, capped, {"B": {"q1"}}) == 1.0  # none: q1 gives negatives

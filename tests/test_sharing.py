@@ -15,6 +15,7 @@ from hacpo_trl.sharing.decision import (
     SharingSettings,
     decide,
     rescued_prompts,
+    unsure_prompts,
 )
 from hacpo_trl.training.model_card import CARD_SETTINGS
 
@@ -55,7 +56,7 @@ def test_the_settings_are_the_lists_other_modules_read():
         "peer_filter", "learn_from", "capability_gate", "capability_gate_warmup", "capability_gate_confidence",
         "capability_gate_rescue", "peer_fade_steps", "solo_steps_per_generation", "skip_empty_updates", "band_gate",
         "peer_prompts", "taught_ratio_floor", "taught_schedule", "taught_baseline", "taught_scale", "taught_cap",
-        "taught_failed_rate",
+        "taught_failed_rate", "peer_negatives",
     )  # fmt: skip
     start = CARD_SETTINGS.index("peer_filter")
     assert CARD_SETTINGS[start : start + len(LEARNER_SETTINGS)] == LEARNER_SETTINGS
@@ -69,7 +70,7 @@ def test_settings_from_a_configs_values_take_the_learner_fields_and_check_them_i
     values.update(capability_gate_warmup=2, capability_gate_confidence=0.0, capability_gate_rescue=True)
     values.update(peer_fade_steps=0, band_gate=False, naive=False, peer_clipping=True, capability_metric="accuracy")
     values.update(peer_prompts="all", taught_ratio_floor=0.2, taught_schedule="sharing", taught_baseline="joint")
-    values.update(taught_scale=1.0, taught_cap=0, taught_failed_rate=0.0)
+    values.update(taught_scale=1.0, taught_cap=0, taught_failed_rate=0.0, peer_negatives="none")
     settings = SharingSettings.from_values(values)
     assert (settings.peer_filter, settings.learn_from, settings.capability_gate_warmup) == ("correct", "B", 2)
     with pytest.raises(ValueError, match=r"^agent 'a': `band_gate` closes a peer .* no band"):
@@ -131,7 +132,7 @@ def test_decide_rescues_the_prompts_a_closed_peer_solved_and_the_learner_failed(
     both = decide(settings, "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS)
     assert both.open == ("C",) and both.rescued == {"B": frozenset({"p0"})}
     assert both.involved == ("C", "B") and not both.few_prompts and both.only_prompts() == {"B": {"p0"}}
-    assert both.rows_args() == (("C", "B"), {"B": {"p0"}}, 1.0, frozenset())
+    assert both.rows_args() == (("C", "B"), {"B": {"p0"}}, 1.0, frozenset(), {})
     only_b = decide(_settings(learn_from="B", capability_gate=1.0, capability_gate_rescue=True), "A", AGENTS, CAPS,
                     ROWS, 0, 0, RECORDS)  # fmt: skip
     assert only_b.open == () and only_b.involved == ("B",) and only_b.few_prompts and not only_b.solo
@@ -223,7 +224,7 @@ def test_decide_with_peer_prompts_keeps_each_peer_only_where_it_did_better():
     decision = decide(settings, "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS)
     assert decision.open == ("B",) and decision.prompts == {"B": frozenset({"p0", "p1"})}
     assert decision.taught == {"B"} and decision.batch_prompts == 2
-    assert decision.rows_args() == (("B",), {"B": {"p0", "p1"}}, 1.0, frozenset({"B"}))
+    assert decision.rows_args() == (("B",), {"B": {"p0", "p1"}}, 1.0, frozenset({"B"}), {})
     assert not decision.solo and not decision.few_prompts
     gated = decide(_settings(peer_prompts="better", capability_gate=1.0), "A", AGENTS, CAPS, ROWS, 0, 0, RECORDS)
     assert gated.solo  # the gate closes B (0.25 < 0.5); C is open but better nowhere
@@ -317,3 +318,43 @@ def test_taught_cap_is_checked_with_the_other_taught_settings():
         _settings(taught_cap=4)
     with pytest.raises(ValueError, match=r"`peer_filter: positive` picks rows by advantage: .* or taught_cap 0$"):
         _settings(peer_prompts="failed", peer_filter="positive", taught_cap=4)
+
+
+def test_unsure_prompts_are_those_solved_sometimes_above_the_failed_rate():
+    """`peer_negatives: unsure` at `taught_failed_rate: 0.125`: A solved q0 once in 8 (failed: taught, not unsure), q1
+    twice (unsure), q2 never (failed), q3 at every completion (solved), q4 three times in 4 scored (its NaNs do not
+    count). B wrote a wrong row on each; C only right rows, so it gives negatives nowhere."""
+    nan = float("nan")
+    records = _records({
+        "A": [("q0", 1.0)] + [("q0", 0.0)] * 7 + [("q1", 1.0)] * 2 + [("q1", 0.0)] * 6 + [("q2", 0.0)] * 8
+        + [("q3", 1.0)] * 8 + [("q4", 1.0)] * 3 + [("q4", 0.0)] + [("q4", nan)] * 4,
+        "B": [(q, 0.0) for q in ("q0", "q1", "q2", "q3", "q4")] + [("q2", 1.0)],
+        "C": [(q, 1.0) for q in ("q0", "q1", "q2", "q3", "q4")],
+    })  # fmt: skip
+    assert unsure_prompts(records, "A", ["B", "C"], 0.125) == {"B": {"q1", "q4"}, "C": set()}
+    assert unsure_prompts(records, "A", ["B"]) == {"B": {"q0", "q1", "q4"}}  # at 0 one success is enough
+    settings = _settings(peer_prompts="failed", taught_failed_rate=0.125, peer_negatives="unsure")
+    decision = decide(settings, "A", AGENTS, CAPS, ROWS, 0, 0, records)
+    # B teaches q2 (failed, it solved it once) and gives negatives on q1 and q4; C teaches q0 and q2
+    assert decision.open == ("B", "C") and decision.taught == {"B", "C"}
+    assert decision.prompts == {"B": {"q2"}, "C": {"q0", "q2"}} and decision.negatives == {"B": {"q1", "q4"}}
+    assert decision.only_prompts() == {"B": {"q1", "q2", "q4"}, "C": {"q0", "q2"}}
+    assert decision.rows_args()[4] == {"B": {"q1", "q4"}}
+    # a peer that gives negatives only is open for them; the band gate closes it with its negatives
+    only_negatives = decide(settings, "A", ["A", "B"], CAPS, ROWS, 0, 0, [r for r in records if r.agent != "C"])
+    assert only_negatives.open == ("B",) and only_negatives.negatives == {"B": {"q1", "q4"}}
+    closed = decision.close_outside_band({"B": 0, "C": 3})
+    assert closed.open == ("C",) and closed.negatives == {} and closed.rows_args()[4] == {}
+    # off (the default): exactly the preset's decision
+    plain = decide(_settings(peer_prompts="failed", taught_failed_rate=0.125), "A", AGENTS, CAPS, ROWS, 0, 0, records)
+    assert plain.negatives == {} and plain.prompts == decision.prompts and plain.open == ("B", "C")
+
+
+def test_peer_negatives_is_checked():
+    assert _settings(peer_prompts="failed", peer_negatives="unsure").peer_negatives == "unsure"
+    assert _settings().peer_negatives == "none"
+    with pytest.raises(ValueError, match=r"`peer_negatives` must be one of \('none', 'unsure'\), got 'all'"):
+        _settings(peer_prompts="failed", peer_negatives="all")
+    for prompts in ("all", "better"):
+        with pytest.raises(ValueError, match=rf"is '{prompts}': set peer_prompts 'failed', or peer_negatives 'none'$"):
+            _settings(peer_prompts=prompts, peer_negatives="unsure")

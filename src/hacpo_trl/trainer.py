@@ -291,12 +291,14 @@ class HACPOTrainer(GRPOTrainer):
         caps, rows, training = self.capability.capabilities(), self.capability.rows(), self.model.training
         return decide(self.sharing, self.agent, self.agent_names, caps, rows, seen, step, records, training)
 
-    def _peer_rows(self, prompt_ids, rewards, by_agent, peers, only=None, weight=1.0, taught=()) -> peer_rows.PeerRows:
+    def _peer_rows(
+        self, prompt_ids, rewards, by_agent, peers, only=None, weight=1.0, taught=(), negatives=None
+    ) -> peer_rows.PeerRows:
         """The learner's peer rows from ``peers`` (:func:`hacpo_trl.sharing.peer_rows.build_peer_rows`)."""
         records, view = peer_rows.learner_records(by_agent, self.agent, self.agent_names, peers)
         settings = self.sharing.over(self.args)  # the checked sharing options, the config's others
         args = (self.agent, view, self.capability.capabilities(), settings, self._tokenizer, weight, only)
-        return peer_rows.build_peer_rows(prompt_ids, rewards, records, *args, taught=taught)
+        return peer_rows.build_peer_rows(prompt_ids, rewards, records, *args, taught=taught, negatives=negatives)
 
     @torch.no_grad()
     def _peers_in_band(self, batch: dict, rows: peer_rows.PeerRows, prompt_ids, peers: list[str]) -> dict[str, int]:

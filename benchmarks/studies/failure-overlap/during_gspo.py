@@ -19,8 +19,9 @@ import _runs  # noqa: E402
 RUNS = Path(__file__).resolve().parents[2] / "runs"
 FOLDERS = {"state": "validation-48steps-b3-outcomes", "model": "validation-48steps-b3-outcomes",
            "size": "validation-64steps-b3-size-lr5e-05-outcomes"}  # fmt: skip
+# (stronger, weaker) learner of each pair
 PAIRS = {"state": ("trace-instruct", "trace-base"), "size": ("trace-large", "trace-small"),
-         "model": ("trace-qwen2", "trace-llama")}  # fmt: skip  (stronger, weaker)
+         "model": ("trace-qwen2", "trace-llama")}  # fmt: skip
 
 
 def table() -> list[str]:

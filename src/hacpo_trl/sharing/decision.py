@@ -29,6 +29,7 @@ from .settings import (
     LEARNER_SETTINGS,
     PEER_FILTERS,
     PEER_LIMITS,
+    PEER_NEGATIVES,
     PEER_PROMPTS,
     RUN_WIDE_SETTINGS,
     TAUGHT_BASELINES,
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LEARNER_SETTINGS",
     "PEER_FILTERS",
+    "PEER_NEGATIVES",
     "PEER_PROMPTS",
     "PEER_LIMITS",
     "TAUGHT_BASELINES",
@@ -60,6 +62,7 @@ __all__ = [
     "peers_in_band",
     "better_prompts",
     "rescued_prompts",
+    "unsure_prompts",
 ]
 
 
@@ -211,6 +214,30 @@ def rescued_prompts(
     return {peer: solved & failed for peer, solved in out.items()}
 
 
+def unsure_prompts(
+    records: Sequence[RolloutBatch], learner: str, peers: Sequence[str], failed_rate: float = 0.0
+) -> dict[str, set[str]]:
+    """For each of ``peers``, the prompts of this generation batch whose success rate for the learner (positive
+    rewards over its scored completions, every rank's ``records``) is above ``failed_rate`` and below 1, and on which
+    that peer wrote a wrong row (a finite reward, not positive): where `peer_negatives: unsure` takes its wrong rows
+    as negatives. Disjoint from :func:`rescued_prompts`' at the same ``failed_rate``."""
+    own: dict[str, list[float]] = {}
+    for r in records:
+        if r.agent == learner:
+            for pid, reward in zip(r.prompt_ids, r.rewards, strict=True):
+                if math.isfinite(reward):
+                    own.setdefault(pid, []).append(reward)
+    unsure = {pid for pid, rs in own.items() if failed_rate * len(rs) < sum(x > 0 for x in rs) < len(rs)}
+    out: dict[str, set[str]] = {peer: set() for peer in peers}
+    for r in records:
+        if r.agent in out:
+            out[r.agent].update(
+                pid for pid, reward in zip(r.prompt_ids, r.rewards, strict=True)
+                if pid in unsure and math.isfinite(reward) and not reward > 0
+            )  # fmt: skip
+    return out
+
+
 def better_prompts(records: Sequence[RolloutBatch], learner: str, peers: Sequence[str]) -> dict[str, set[str]]:
     """For each of ``peers``, the prompts of this generation batch on which it did better than the learner: its
     success rate (share of its scored completions with a positive reward, over every rank's ``records``) above the
@@ -243,7 +270,8 @@ class PeerDecision:
     which it still lends its rows (`capability_gate_rescue`; empty: none). ``weight`` scales the peer rows'
     advantages (`peer_fade_steps`). ``taught`` peers are limited to their taught prompts (`peer_prompts`) and give
     taught rows (:func:`~hacpo_trl.sharing.peer_loss.taught_weight`); ``batch_prompts`` counts the batch's prompts.
-    ``taught_on_solo``: a batch of taught rows keeps the solo schedule (`taught_schedule: solo`)."""
+    ``taught_on_solo``: a batch of taught rows keeps the solo schedule (`taught_schedule: solo`). ``negatives``: for
+    each taught peer, the prompts on which its wrong rows are negative taught rows (`peer_negatives: unsure`)."""
 
     open: tuple[str, ...] = ()
     rescued: Mapping[str, frozenset[str]] = field(default_factory=dict)
@@ -252,6 +280,7 @@ class PeerDecision:
     taught: frozenset[str] = frozenset()
     batch_prompts: int = 0
     taught_on_solo: bool = False
+    negatives: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     @property
     def involved(self) -> tuple[str, ...]:
@@ -271,13 +300,17 @@ class PeerDecision:
 
     def only_prompts(self) -> dict[str, frozenset[str]]:
         """The peers limited to some prompts (:func:`~hacpo_trl.sharing.peer_rows.build_peer_rows`'s ``only_prompts``)."""
-        limited = {p: prompts for p, prompts in self.prompts.items() if p in self.open}
+        limited = {
+            p: self.prompts.get(p, frozenset()) | self.negatives.get(p, frozenset())
+            for p in self.open if p in self.prompts or p in self.negatives
+        }  # fmt: skip
         return {**limited, **{p: prompts for p, prompts in self.rescued.items() if prompts}}
 
-    def rows_args(self) -> tuple[tuple[str, ...], dict[str, frozenset[str]], float, frozenset[str]]:
-        """``(involved peers, only_prompts, weight, taught)``: the arguments of
+    def rows_args(self) -> tuple[tuple[str, ...], dict[str, frozenset[str]], float, frozenset[str], dict]:
+        """``(involved peers, only_prompts, weight, taught, negatives)``: the arguments of
         :func:`~hacpo_trl.sharing.peer_rows.build_peer_rows`."""
-        return self.involved, self.only_prompts(), self.weight, self.taught
+        negatives = {p: prompts for p, prompts in self.negatives.items() if p in self.open}
+        return self.involved, self.only_prompts(), self.weight, self.taught, negatives
 
     def close_outside_band(self, in_band: Mapping[str, int]) -> PeerDecision:
         """`band_gate`: the decision without the involved peers none of whose rows has a gradient (``in_band``:
@@ -292,6 +325,7 @@ class PeerDecision:
             self.taught & keep,
             self.batch_prompts,
             self.taught_on_solo,
+            {p: prompts for p, prompts in self.negatives.items() if p in keep},
         )
 
 
@@ -313,7 +347,8 @@ def decide(
     prompts each closed peer rescues (:func:`rescued_prompts`, from every rank's ``records``); with `peer_prompts:
     better`, in training, each open peer only on the prompts it does better on (:func:`better_prompts`), with
     `peer_prompts: failed` only on those the learner failed entirely (or at most `taught_failed_rate` of the time)
-    and it solved (:func:`rescued_prompts`), and
+    and it solved (:func:`rescued_prompts`), with `peer_negatives: unsure` also on those the learner is unsure on
+    and it wrote a wrong row on (:func:`unsure_prompts`, its wrong rows there as negatives), and
     none on a batch without such a prompt (with `taught_schedule: solo` a batch of taught rows keeps the solo
     schedule). Outside training peers keep their full weight and nothing is rescued."""
     weight = peer_fade_weight(step, settings.peer_fade_steps) if training else 1.0
@@ -334,7 +369,12 @@ def decide(
         else:
             chosen = rescued_prompts(records, learner, peers, settings.taught_failed_rate)
         taught = {p: frozenset(prompts) for p, prompts in chosen.items() if prompts}
+        negatives: dict[str, frozenset[str]] = {}
+        if settings.peer_negatives == "unsure":
+            wrong = unsure_prompts(records, learner, peers, settings.taught_failed_rate)
+            negatives = {p: frozenset(prompts) for p, prompts in wrong.items() if prompts}
+        teaching = tuple(p for p in peers if p in taught or p in negatives)
         count = len({pid for r in records for pid in r.prompt_ids})
         on_solo = settings.taught_schedule == "solo"
-        return PeerDecision(tuple(taught), rescued, weight, taught, frozenset(taught), count, on_solo)
+        return PeerDecision(teaching, rescued, weight, taught, frozenset(teaching), count, on_solo, negatives)
     return PeerDecision(tuple(peers), rescued, weight)

@@ -17,6 +17,7 @@ options ``peer_filter``, ``taught_scale``, ``taught_cap`` and ``taught_baseline`
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
@@ -35,6 +36,7 @@ __all__ = [
     "build_peer_rows",
     "learner_records",
     "micro_batches",
+    "negative_cap_factor",
     "order_rows",
     "own_rewards",
     "self_prompt_tokens",
@@ -130,6 +132,7 @@ def build_peer_rows(
     peer_weight: float = 1.0,
     only_prompts: Mapping[str, Collection[str]] | None = None,
     taught: Collection[str] = (),
+    negatives: Mapping[str, Collection[str]] | None = None,
 ) -> PeerRows:
     """The peer rows for this process's self rows (``prompt_ids`` and ``rewards``, NaN = unscorable).
 
@@ -147,11 +150,16 @@ def build_peer_rows(
     :func:`~hacpo_trl.sharing.peer_loss.taught_weight` instead of the band, their advantages times ``settings.taught_scale``
     (after the filter) and by :func:`taught_cap_factor` (`taught_cap`), and with ``settings.taught_baseline == "own"``
     the learner's rows on their prompts keep the advantages of its own group.
+
+    A peer's prompts in ``negatives`` (`peer_negatives: unsure`) stay out of the joint groups: there its wrong rows
+    are taught rows with the mean advantage of the learner's own wrong rows on that prompt, times
+    :func:`negative_cap_factor`, and its right rows are left out (``filtered``); the learner's rows keep their own.
     """
-    only_prompts = only_prompts or {}
+    only_prompts, negatives = only_prompts or {}, negatives or {}
     mine = set(prompt_ids)
     out = PeerRows()
     candidates = []  # (pid, source, text, reward, old_mean, old_len, terminated)
+    wrong = []  # the same, for the negative rows
     for agent in agent_names:
         if agent == learner:
             continue
@@ -162,9 +170,13 @@ def build_peer_rows(
                 if not (math.isfinite(r.rewards[j]) and math.isfinite(r.old_mean_logps[j])):
                     out.rejected += 1
                     continue
-                candidates.append(
-                    (pid, agent, r.texts[j], r.rewards[j], r.old_mean_logps[j], r.num_tokens[j], r.terminated[j])
-                )
+                row = (pid, agent, r.texts[j], r.rewards[j], r.old_mean_logps[j], r.num_tokens[j], r.terminated[j])
+                if pid not in negatives.get(agent, ()):
+                    candidates.append(row)
+                elif r.rewards[j] > 0:
+                    out.filtered += 1
+                else:
+                    wrong.append(row)
 
     # capability-aware advantages over each joint group (all finite rewards, self and peer)
     joint_rewards, joint_sources, joint_groups, self_index = [], [], [], []
@@ -190,13 +202,29 @@ def build_peer_rows(
             own, [learner] * len(own), ids, learner, capabilities, settings
         )
     peer_adv = advantages[len(self_index) :] * peer_weight
-    taught_scale = settings.taught_scale * taught_cap_factor(records, taught, only_prompts, settings)
+    taught_scale = settings.taught_scale * taught_cap_factor(records, taught, only_prompts, settings, negatives)
+    if wrong:  # each negative row: the learner's own wrong rows' advantage on its prompt
+        own_wrong: dict[str, list[float]] = {}
+        for i in self_index:
+            if not float(rewards[i]) > 0:
+                own_wrong.setdefault(prompt_ids[i], []).append(float(out.self_advantages[i]))
+        factor = settings.taught_scale * negative_cap_factor(records, negatives, settings) * peer_weight
+        for row in wrong:
+            candidates.append(row)
+            peer_adv = torch.cat([peer_adv, torch.tensor([statistics.fmean(own_wrong.get(row[0], [0.0])) * factor])])
+    n_joint = len(candidates) - len(wrong)
 
     # re-tokenize the peer rows we train on
     eos = tokenizer.eos_token_id
     start = time.perf_counter()
-    for (pid, source, text, reward, old_mean, old_len, term), adv in zip(candidates, peer_adv.tolist(), strict=True):
-        if (settings.peer_filter == "correct" and not reward > 0) or (settings.peer_filter == "positive" and adv <= 0):
+    for k, ((pid, source, text, reward, old_mean, old_len, term), adv) in enumerate(
+        zip(candidates, peer_adv.tolist(), strict=True)
+    ):
+        negative = k >= n_joint  # already scaled and capped
+        dropped = (
+            not reward > 0 if settings.peer_filter == "correct" else settings.peer_filter == "positive" and adv <= 0
+        )
+        if dropped and not negative:
             out.filtered += 1
             continue
         view = peer_completion_ids(tokenizer, text, term, settings.max_completion_length, eos)
@@ -212,26 +240,31 @@ def build_peer_rows(
         out.prompt_ids.append(pid)
         out.sources.append(source)
         out.completion_ids.append(view.ids)
-        out.advantages.append(adv * taught_scale if source in taught else adv)
+        out.advantages.append(adv if negative else adv * taught_scale if source in taught else adv)
         out.old_mean_logps.append(old_mean)
         out.old_lengths.append(old_len)
         out.omega.append(capability_ratio(capabilities[source], capabilities[learner], ratio_min, ratio_max))
         out.rewards.append(reward)
         out.valid.append(not (cut and settings.mask_truncated_completions) and old_len > 0)
-        out.taught.append(source in taught)
+        out.taught.append(source in taught or negative)
     out.retokenize_seconds = time.perf_counter() - start
     return out
 
 
 def taught_cap_factor(
-    records: Sequence[RolloutBatch], taught: Collection[str], only_prompts: Mapping[str, Collection[str]], settings
+    records: Sequence[RolloutBatch],
+    taught: Collection[str],
+    only_prompts: Mapping[str, Collection[str]],
+    settings,
+    negatives: Mapping[str, Collection[str]] | None = None,
 ) -> float:
     """The factor `taught_cap` K puts on every taught row's advantage: min(1, K / n), n the taught rows of the
     generation batch, so that together they weigh at most K rows' worth while a few keep their full weight. n counts,
     over every rank's ``records`` (the same on each rank of the learner), the rows of the ``taught`` peers on their
     prompts (``only_prompts``) with a finite reward and old log-prob that `peer_filter` keeps ('correct': a positive
-    reward), before re-tokenization and `taught_ratio_floor`. ``settings.taught_cap`` 0: no cap (1)."""
-    cap = settings.taught_cap
+    reward), before re-tokenization and `taught_ratio_floor`; a peer's ``negatives`` prompts are left out
+    (:func:`negative_cap_factor` caps those). ``settings.taught_cap`` 0: no cap (1)."""
+    cap, negatives = settings.taught_cap, negatives or {}
     if not cap:
         return 1.0
     n = 0
@@ -239,8 +272,26 @@ def taught_cap_factor(
         if r.agent in taught:
             for pid, reward, old in zip(r.prompt_ids, r.rewards, r.old_mean_logps, strict=True):
                 kept = settings.peer_filter != "correct" or reward > 0
-                on = r.agent not in only_prompts or pid in only_prompts[r.agent]
+                on = (r.agent not in only_prompts or pid in only_prompts[r.agent]) and pid not in negatives.get(
+                    r.agent, ()
+                )
                 n += on and kept and math.isfinite(reward) and math.isfinite(old)
+    return min(1.0, cap / n) if n else 1.0
+
+
+def negative_cap_factor(records: Sequence[RolloutBatch], negatives: Mapping[str, Collection[str]], settings) -> float:
+    """`taught_cap` K on the negative rows (`peer_negatives`): min(1, K / n), n the wrong rows (a finite reward, not
+    positive, and a finite old log-prob) of each peer on its ``negatives`` prompts over every rank's ``records``,
+    before re-tokenization and `taught_ratio_floor`, so that together they weigh at most K rows' worth, apart from
+    the correct taught rows. K 0: no cap (1)."""
+    cap = settings.taught_cap
+    if not cap:
+        return 1.0
+    n = 0
+    for r in records:
+        for pid, reward, old in zip(r.prompt_ids, r.rewards, r.old_mean_logps, strict=True):
+            on = pid in negatives.get(r.agent, ())
+            n += on and math.isfinite(reward) and not reward > 0 and math.isfinite(old)
     return min(1.0, cap / n) if n else 1.0
 
 

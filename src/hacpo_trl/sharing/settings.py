@@ -21,6 +21,7 @@ __all__ = [
     "LEARNER_SETTINGS",
     "PEER_FILTERS",
     "PEER_LIMITS",
+    "PEER_NEGATIVES",
     "PEER_PROMPTS",
     "RUN_WIDE_SETTINGS",
     "TAUGHT_BASELINES",
@@ -32,6 +33,7 @@ __all__ = [
 
 PEER_FILTERS = ("all", "correct", "positive")
 PEER_PROMPTS = ("all", "better", "failed")
+PEER_NEGATIVES = ("none", "unsure")
 TAUGHT_SCHEDULES = ("sharing", "solo")
 TAUGHT_BASELINES = ("joint", "own")
 
@@ -185,6 +187,14 @@ class SharingFields:
             `0.125` (the recommended preset), at most one success in 8 (its own group then has a signal, which the
             peer's rows join). The floor and the band gate act as before. In [0, 1). Not in the paper. May differ
             per agent (`overrides`).
+        peer_negatives (`str`, *optional*, defaults to `"none"`):
+            With `peer_prompts: failed`, `"unsure"` also takes each peer's *wrong* rows on the prompts the learner
+            solved more often than `taught_failed_rate` but not always (2 to 7 of 8 at 0.125), as negative taught
+            rows: each one's advantage is the one the learner's own wrong rows have there in its own group (GSPO's),
+            times min(1, taught_cap / n) over the batch's n such rows (counted apart from the correct taught rows);
+            the learner's own rows there keep GSPO's advantages and the peer's right rows there are not used. With
+            the ratio floor, only wrong answers the learner finds plausible push. Benchmark rule 20's candidate. Not
+            in the paper. May differ per agent (`overrides`).
         capability_gate_rescue (`bool`, *optional*, defaults to `False`):
             With `capability_gate` > 0, a peer the gate keeps closed still lends its rows on the prompts this learner
             failed at every completion (none with a positive reward, over all its ranks) and the peer solved at least
@@ -293,6 +303,10 @@ class SharingFields:
         default=None,
         metadata={"help": "With peer_prompts 'failed': a prompt solved at most this often counts as failed."},
     )
+    peer_negatives: str = field(
+        default="none",
+        metadata={"help": "With peer_prompts 'failed': 'unsure': peer wrong rows as negatives where unsure."},
+    )
 
 
 def _learner_fields(cls: type) -> type:
@@ -387,6 +401,13 @@ class SharingSettings:
             raise ValueError(
                 f"{who}`taught_failed_rate` widens `peer_prompts: failed`, and `peer_prompts` is "
                 f"{self.peer_prompts!r}: set peer_prompts 'failed', or taught_failed_rate 0"
+            )
+        if self.peer_negatives not in PEER_NEGATIVES:
+            raise ValueError(f"{who}`peer_negatives` must be one of {PEER_NEGATIVES}, got {self.peer_negatives!r}")
+        if self.peer_negatives != "none" and self.peer_prompts != "failed":
+            raise ValueError(
+                f"{who}`peer_negatives: {self.peer_negatives}` adds negative taught rows beside `peer_prompts: failed`'s, "
+                f"and `peer_prompts` is {self.peer_prompts!r}: set peer_prompts 'failed', or peer_negatives 'none'"
             )
         if self.capability_gate_rescue and self.peer_prompts == "failed":
             raise ValueError(

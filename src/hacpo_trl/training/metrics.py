@@ -153,7 +153,7 @@ def sharing_metrics(
 ) -> dict[str, float]:
     """A learner's :class:`~hacpo_trl.sharing.decision.PeerDecision` at a generation batch: whom it learns from and its peers'
     weight; with `capability_gate_rescue` the prompts each peer rescued, with `peer_prompts` 'better' or 'failed' the
-    share of prompts each peer teaches, with `capability_gate_confidence` each peer's evidence."""
+    share of prompts each peer teaches (with `peer_negatives`, also gives negatives on), with `capability_gate_confidence` each peer's evidence."""
     out = learns_from_metrics(learner, agents, list(decision.open), decision.weight)
     if settings.capability_gate_rescue:
         others = [a for a in agents if a != learner]
@@ -162,6 +162,10 @@ def sharing_metrics(
         others = [a for a in agents if a != learner]
         share = {p: len(decision.prompts.get(p, ())) / max(decision.batch_prompts, 1) for p in others}
         out.update({f"hacpo/taught_prompts/{p}": share[p] for p in others})
+    if settings.peer_negatives != "none":
+        others = [a for a in agents if a != learner]
+        share = {p: len(decision.negatives.get(p, ())) / max(decision.batch_prompts, 1) for p in others}
+        out.update({f"hacpo/negative_prompts/{p}": share[p] for p in others})
     if settings.capability_gate and settings.capability_gate_confidence:
         out.update(gate_evidence_metrics(learner, capabilities, rows, settings.capability_gate))
     return out
