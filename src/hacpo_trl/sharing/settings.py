@@ -193,8 +193,9 @@ class SharingFields:
             rows: each one's advantage is the one the learner's own wrong rows have there in its own group (GSPO's),
             times min(1, taught_cap / n) over the batch's n such rows (counted apart from the correct taught rows);
             the learner's own rows there keep GSPO's advantages and the peer's right rows there are not used. With
-            the ratio floor, only wrong answers the learner finds plausible push. Benchmark rule 20's candidate. Not
-            in the paper. May differ per agent (`overrides`).
+            the ratio floor, only wrong answers the learner finds plausible push. Benchmark rule 20's candidate, which
+            did not replace the preset: on validation it left the three stronger agents within noise of GSPO. Not in
+            the paper. May differ per agent (`overrides`).
         capability_gate_rescue (`bool`, *optional*, defaults to `False`):
             With `capability_gate` > 0, a peer the gate keeps closed still lends its rows on the prompts this learner
             failed at every completion (none with a positive reward, over all its ranks) and the peer solved at least
