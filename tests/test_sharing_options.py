@@ -850,6 +850,48 @@ def test_taught_rows_of_failed_prompts_keep_the_solo_schedule_through_the_traine
             seen[pid] += 1
 
 
+@pytest.mark.launch
+@pytest.mark.timeout(900)
+def test_negatives_on_unsure_prompts_through_the_trainer(tmp_path, launch):
+    """llama0 as in the test above, with `peer_negatives: unsure`. Each agent solves each prompt once in its 2
+    completions (`--first_of_group`) and llama0 fails every completion of its odd groups (`--fail_odd_groups`): at
+    every batch it is taught its 4 failed prompts (qwen1's right row on each) and takes qwen1's wrong row on each of
+    its 4 unsure ones as a negative taught row, whose advantage is llama0's own wrong row's there, from its own
+    group's recorded rewards: (0 − 0.5) / (std([1, 0]) + 1e-6). Its own rows on the unsure prompts keep GSPO's
+    advantages, and the batch keeps the solo schedule (2 updates of GSPO's 8 own rows)."""
+    launch(2, "train_agents.py", "--out", str(tmp_path), "--steps", "32", "--steps_per_generation", "4",
+           "--generation_batch", "16", "--record_layout", SPREAD, "--fail_odd_groups", "0:0",
+           "--override", '0:peer_prompts="failed"', "--override", '0:taught_schedule="solo"',
+           "--override", '0:peer_negatives="unsure"', "--override", "0:solo_steps_per_generation=2",
+           "--override", '0:peer_filter="correct"')  # fmt: skip
+    llama, _ = summaries(tmp_path)
+    assert _metric(llama, "hacpo/taught_prompts/qwen1") == [0.5] * 8
+    assert _metric(llama, "hacpo/negative_prompts/qwen1") == [0.5] * 8
+    assert _metric(llama, "hacpo/prompts/unsure") == _metric(llama, "hacpo/prompts/failed") == [4.0] * 8
+    assert _metric(llama, "hacpo/prompts/qwen1_wrong_on_solved") == [0.0] * 8
+    wrong_advantage = -0.5 / (torch.tensor([1.0, 0.0]).std().item() + 1e-6)
+    assert [b for b, _ in llama["peer_advantages"]] == list(range(8))
+    for b, rows in llama["peer_advantages"]:
+        own = {}
+        for agent, pid, reward in llama["batch_rewards"][b]:
+            if agent == "llama0":
+                own.setdefault(pid, []).append(reward)
+        failed = {pid for pid, rs in own.items() if max(rs) <= 0}
+        negatives = [(pid, a) for pid, a, taught in rows if pid not in failed]
+        assert all(taught for _, _, taught in rows)
+        assert {pid for pid, _ in negatives} <= set(own) - failed and negatives, (b, rows)
+        assert all(a == pytest.approx(wrong_advantage, rel=1e-5) for _, a in negatives), (b, rows)
+        assert all(a > 0 for pid, a, _ in rows if pid in failed)  # qwen1's right rows where llama0 failed
+        gspo = {pid: (rs - rs.mean()) / (rs.std() + 1e-6) for pid, rs in ((p, torch.tensor(r)) for p, r in own.items())}
+        seen = Counter()
+        for pid, advantage in dict(llama["own_advantages"])[b]:  # on an unsure prompt, GSPO's own advantages
+            if pid not in failed:
+                assert advantage == pytest.approx(float(gspo[pid][seen[pid]]), abs=1e-5), (b, pid)
+            seen[pid] += 1
+    for layout in llama["layouts"]:  # the solo schedule: 2 updates of GSPO's 8 own rows, the other 2 skipped
+        assert layout[2:] == [None, None] and [mb[0] for mb in layout[:2]] == [8, 8], layout
+
+
 def test_options_are_recipe_settings(tmp_path, capsys):
     """YAML keys (run-wide, per agent) and command-line flags, parsed as `hacpo-train` parses a recipe."""
     from trl import TrlParser

@@ -337,6 +337,7 @@ if my_steps(opts.die_while_saving):
 peer_rows_here = []  # peer rows this rank trains on, per generation batch
 peer_rows_finished = []  # peer completions of this rank's prompts that ended in EOS, per generation batch
 own_advantages = []  # (training generation batch, [(prompt, advantage) of each own row]) at batches with peer rows
+peer_advantages = []  # (training generation batch, [(prompt, advantage, taught) of each peer row]) at the same
 add_peer_rows = trainer._add_peer_rows
 
 
@@ -351,6 +352,9 @@ def counting_add_peer_rows(batch, rows, prompt_ids, *rest):
     if trainer.model.training:
         own_advantages.append(
             (len(batch_rewards) - 1, list(zip(prompt_ids, rows.self_advantages.tolist(), strict=True)))
+        )
+        peer_advantages.append(
+            (len(batch_rewards) - 1, list(zip(rows.prompt_ids, rows.advantages, rows.taught, strict=True)))
         )
     batch = add_peer_rows(batch, rows, prompt_ids, *rest)
     peer_rows_here.append(int((batch["hacpo_is_peer"] & batch["hacpo_valid"]).sum()))
@@ -405,6 +409,7 @@ summary = {
     "peer_rows_here": peer_rows_here,
     "peer_rows_finished": peer_rows_finished,
     "own_advantages": own_advantages,
+    "peer_advantages": peer_advantages,
     "param_sum": float(sum(p.detach().double().sum() for p in after.values())),
     "param_trace": param_trace,
     "peers": peer_log,
