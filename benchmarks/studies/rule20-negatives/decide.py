@@ -5,7 +5,7 @@ while its worst gain is not lower by more than 0.005.
 
     python benchmarks/studies/rule20-negatives/decide.py
 
-It reads the screen's three `results.json` and prints the table and the decision (RESULTS.md here). A screen that does
+It reads the screen's three `results.json` and prints the table and the decision (recorded in README.md here). A screen that does
 not hold seeds 100-107 for GSPO, the incumbent and the candidate in every pair is refused: the rule chooses only on
 its complete screen.
 """

@@ -191,7 +191,8 @@ class SharingFields:
             With `peer_prompts: failed`, `"unsure"` also takes each peer's *wrong* rows on the prompts the learner
             solved more often than `taught_failed_rate` but not always (2 to 7 of 8 at 0.125), as negative taught
             rows: each one's advantage is the one the learner's own wrong rows have there in its own group (GSPO's),
-            times min(1, taught_cap / n) over the batch's n such rows (counted apart from the correct taught rows);
+            times min(1, taught_cap / n) over the batch's n such rows (counted apart from the correct taught rows;
+            `taught_cap: 0`, no cap);
             the learner's own rows there keep GSPO's advantages and the peer's right rows there are not used. With
             the ratio floor, only wrong answers the learner finds plausible push. Benchmark rule 20's candidate, which
             did not replace the preset: on validation it left the three stronger agents within noise of GSPO. Not in
