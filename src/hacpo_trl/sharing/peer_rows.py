@@ -203,16 +203,16 @@ def build_peer_rows(
         )
     peer_adv = advantages[len(self_index) :] * peer_weight
     taught_scale = settings.taught_scale * taught_cap_factor(records, taught, only_prompts, settings, negatives)
+    n_joint = len(candidates)
     if wrong:  # each negative row: the learner's own wrong rows' advantage on its prompt
         own_wrong: dict[str, list[float]] = {}
         for i in self_index:
             if not float(rewards[i]) > 0:
                 own_wrong.setdefault(prompt_ids[i], []).append(float(out.self_advantages[i]))
         factor = settings.taught_scale * negative_cap_factor(records, negatives, settings) * peer_weight
-        for row in wrong:
-            candidates.append(row)
-            peer_adv = torch.cat([peer_adv, torch.tensor([statistics.fmean(own_wrong.get(row[0], [0.0])) * factor])])
-    n_joint = len(candidates) - len(wrong)
+        negative_adv = [statistics.fmean(own_wrong.get(row[0], [0.0])) * factor for row in wrong]
+        candidates += wrong
+        peer_adv = torch.cat([peer_adv, torch.tensor(negative_adv)])
 
     # re-tokenize the peer rows we train on
     eos = tokenizer.eos_token_id
