@@ -62,6 +62,7 @@ __all__ = [
     "peers_in_band",
     "better_prompts",
     "rescued_prompts",
+    "scored_rewards",
     "unsure_prompts",
 ]
 
@@ -214,6 +215,17 @@ def rescued_prompts(
     return {peer: solved & failed for peer, solved in out.items()}
 
 
+def scored_rewards(records: Sequence[RolloutBatch], agent: str) -> dict[str, list[float]]:
+    """``agent``'s finite rewards per prompt id, over every rank's ``records``: what a success rate is taken over."""
+    out: dict[str, list[float]] = {}
+    for r in records:
+        if r.agent == agent:
+            for pid, reward in zip(r.prompt_ids, r.rewards, strict=True):
+                if math.isfinite(reward):
+                    out.setdefault(pid, []).append(reward)
+    return out
+
+
 def unsure_prompts(
     records: Sequence[RolloutBatch], learner: str, peers: Sequence[str], failed_rate: float = 0.0
 ) -> dict[str, set[str]]:
@@ -221,12 +233,7 @@ def unsure_prompts(
     rewards over its scored completions, every rank's ``records``) is above ``failed_rate`` and below 1, and on which
     that peer wrote a wrong row (a finite reward, not positive): where `peer_negatives: unsure` takes its wrong rows
     as negatives. Disjoint from :func:`rescued_prompts`' at the same ``failed_rate``."""
-    own: dict[str, list[float]] = {}
-    for r in records:
-        if r.agent == learner:
-            for pid, reward in zip(r.prompt_ids, r.rewards, strict=True):
-                if math.isfinite(reward):
-                    own.setdefault(pid, []).append(reward)
+    own = scored_rewards(records, learner)
     unsure = {pid for pid, rs in own.items() if failed_rate * len(rs) < sum(x > 0 for x in rs) < len(rs)}
     out: dict[str, set[str]] = {peer: set() for peer in peers}
     for r in records:
@@ -245,13 +252,7 @@ def better_prompts(records: Sequence[RolloutBatch], learner: str, peers: Sequenc
     does a prompt one of the two has no scored completion of."""
 
     def rates(agent: str) -> dict[str, float]:
-        scored: dict[str, list[float]] = {}
-        for r in records:
-            if r.agent == agent:
-                for pid, reward in zip(r.prompt_ids, r.rewards, strict=True):
-                    if math.isfinite(reward):
-                        scored.setdefault(pid, []).append(reward)
-        return {pid: sum(x > 0 for x in rs) / len(rs) for pid, rs in scored.items()}
+        return {pid: sum(x > 0 for x in rs) / len(rs) for pid, rs in scored_rewards(records, agent).items()}
 
     own = rates(learner)
     out = {}

@@ -14,7 +14,7 @@ from transformers import TrainerCallback
 
 from ..algorithm import peer_ratio_stats
 from ..run.padding import padding_ratio
-from ..sharing.decision import gate_evidence
+from ..sharing.decision import gate_evidence, scored_rewards
 from ..sharing.peer_loss import batch_row_flags
 
 __all__ = [
@@ -178,12 +178,7 @@ def prompt_outcome_metrics(records, learner: str) -> dict[str, float]:
     none is *failed*: GSPO's advantages there are all 0. Any other scored prompt is *unsure*. Logged per batch: the
     count of each kind (``hacpo/prompts/solved``, ``unsure``, ``failed``) and, per other agent, its wrong rows on the
     solved prompts and its right rows on the unsure and failed ones (``hacpo/prompts/<peer>_wrong_on_solved``, ...)."""
-    own: dict[str, list[float]] = {}
-    for r in records:
-        if r.agent == learner:
-            for pid, reward in zip(r.prompt_ids, r.rewards, strict=True):
-                if math.isfinite(reward):
-                    own.setdefault(pid, []).append(reward)
+    own = scored_rewards(records, learner)
     kind = {pid: "solved" if all(x > 0 for x in rs) else "failed" if not any(x > 0 for x in rs) else "unsure"
             for pid, rs in own.items()}  # fmt: skip
     out = {f"hacpo/prompts/{k}": float(sum(v == k for v in kind.values())) for k in ("solved", "unsure", "failed")}
